@@ -102,6 +102,7 @@ Status check_attention(const AttentionParams& p) {
   if (p.N > 0 && p.Lq > p.N)
     return invalid("Lq (" + num(p.Lq) + ") is larger than N (" + num(p.N) + ")");
   if (p.window < 0) return invalid("window (" + num(p.window) + ") is negative");
+  if (p.num_threads < 0) return invalid("num_threads (" + num(p.num_threads) + ") is negative");
   if (!(p.scale == p.scale) || p.scale < 0.0f)
     return invalid("scale (" + std::to_string(p.scale) + ") must be positive, or 0 for 1/sqrt(D)");
   if (p.bool_mask && p.bool_mask_type != BoolMaskType::u8 && p.bool_mask_type != BoolMaskType::u32)

@@ -35,7 +35,8 @@ inline float f16_to_f32(uint16_t h) {
   uint32_t mant = h & 0x3ffu;
   uint32_t u;
   if (exp == 0x1f) {
-    u = sign | 0x7f800000u | (mant << 13);  // inf / NaN
+    // inf / NaN; a signalling NaN comes out quiet, as IEEE conversions (and F16C) make it
+    u = sign | 0x7f800000u | (mant << 13) | (mant != 0 ? 0x400000u : 0u);
   } else if (exp != 0) {
     u = sign | ((exp + 112u) << 23) | (mant << 13);  // normal: rebias 15 -> 127
   } else if (mant == 0) {

@@ -43,7 +43,9 @@ void quantize_row(const QuantizeParams& p, int64_t r) {
       uint32_t word = 0;
       for (int k = 0; k < per; ++k) {
         float q = std::rint((w[size_t(j + k)] - z) / s);
-        q = std::min(std::max(q, 0.0f), n_bins);
+        // NaN (a constant group beyond 3.4e31 gives s = -0 and 0 / -0) must become code 0, as
+        // it does in MLX; converting a NaN to an integer would be undefined behaviour.
+        q = q > 0.0f ? std::min(q, n_bins) : 0.0f;
         word |= uint32_t(q) << (k * bits);
       }
       packed[(g * G + j) / per] = word;

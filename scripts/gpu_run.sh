@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# One run on a GPU machine: build (Release, Ninja, CUDA for sm_90a), run the tests, run
+# compute-sanitizer (memcheck, racecheck, initcheck) on a representative subset, benchmark with the
+# `qsdpa` program when it exists, and record the device. Usage:
+#
+#   scripts/prepare_gpu_deps.sh          # on the development machine, once: fills .deps/
+#   scripts/gpu_run.sh OUTDIR            # on the GPU machine, from anywhere
+#
+# Everything lands in OUTDIR as at most 7 plain files: summary.txt, build.log, ctest.log,
+# sanitizer.log, bench.json (+ bench.log), nvidia-smi.txt. Each step has a time limit taken from
+# what is left of QSDPA_GPU_BUDGET seconds (default 450), so the run ends in time and summary.txt
+# always says what ran and what did not.
+set -uo pipefail
+
+out="${1:?usage: scripts/gpu_run.sh OUTDIR}"
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+build="${QSDPA_GPU_BUILD:-build-gpu}"
+budget="${QSDPA_GPU_BUDGET:-450}"
+start=$(date +%s)
+summary="$out/summary.txt"
+: >"$summary"
+
+say() { echo "$*" | tee -a "$summary"; }
+elapsed() { echo $(($(date +%s) - start)); }
+# Seconds a step may take: its own cap, but never past the budget (minus a reserve for the rest).
+limit() {
+  local cap=$1 reserve=${2:-10} left
+  left=$((budget - $(elapsed) - reserve))
+  [ "$left" -lt 5 ] && left=5
+  [ "$cap" -lt "$left" ] && echo "$cap" || echo "$left"
+}
+
+say "qsdpa GPU run $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || true
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>/dev/null |
+  sed 's/^/gpu: /' | tee -a "$summary"
+say "nvcc: $(nvcc --version 2>/dev/null | tail -1)"
+
+# ---- build --------------------------------------------------------------------------------------
+deps_flag=()
+[ -d "$root/.deps" ] && deps_flag=(-DQSDPA_DEPS_DIR="$root/.deps")
+jobs=$(nproc)
+{
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DQSDPA_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90a-real -DQSDPA_TEST_MLX=OFF "${deps_flag[@]}" &&
+    timeout "$(limit 240 150)" cmake --build "$build" -j"$jobs"
+} >"$out/build.log" 2>&1
+build_rc=$?
+if [ $build_rc -ne 0 ]; then
+  say "build: FAILED (rc $build_rc) after $(elapsed) s; building the CUDA tests alone"
+  grep -E "error|FAILED" "$out/build.log" | head -20 | sed 's/^/  /' | tee -a "$summary"
+  timeout "$(limit 120 150)" cmake --build "$build" -j"$jobs" \
+    --target test_cuda_attention test_cuda_runtime test_cuda_quantize >>"$out/build.log" 2>&1
+  say "build of the CUDA tests: rc $?"
+else
+  say "build: ok in $(elapsed) s ($jobs jobs)"
+fi
+
+# ---- tests --------------------------------------------------------------------------------------
+t0=$(elapsed)
+timeout "$(limit 200 110)" ctest --test-dir "$build" -j"$jobs" --output-on-failure --timeout 180 \
+  >"$out/ctest.log" 2>&1
+ctest_rc=$?
+say "ctest: rc $ctest_rc in $(($(elapsed) - t0)) s: $(grep -E 'tests passed|tests failed' "$out/ctest.log" | tail -1)"
+grep -E '^\s+[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess|Exception|Not Run)' "$out/ctest.log" | head -30 |
+  sed 's/^/  /' | tee -a "$summary"
+say "ctest skipped: $(grep -c '\*\*\*Skipped' "$out/ctest.log")"
+
+# ---- compute-sanitizer --------------------------------------------------------------------------
+san="$out/sanitizer.log"
+: >"$san"
+bin="$build/tests/test_cuda_attention"
+qbin="$build/tests/test_cuda_quantize"
+if command -v compute-sanitizer >/dev/null && [ -x "$bin" ]; then
+  for tool in memcheck racecheck initcheck; do
+    t0=$(elapsed)
+    echo "===== $tool =====" >>"$san"
+    extra=()
+    [ "$tool" = memcheck ] && extra=(--leak-check full)
+    timeout "$(limit 60 40)" compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 17 \
+      "$bin" --gtest_filter='CudaSanitize.*' >>"$san" 2>&1
+    rc=$?
+    say "compute-sanitizer $tool (CudaSanitize.*): rc $rc in $(($(elapsed) - t0)) s," \
+      "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$san" | tail -1)"
+  done
+  if [ -x "$qbin" ]; then
+    t0=$(elapsed)
+    echo "===== memcheck quantize =====" >>"$san"
+    timeout "$(limit 40 30)" compute-sanitizer --tool memcheck --error-exitcode 17 "$qbin" \
+      --gtest_filter='CudaQuantize.StreamAndHostPointerError' >>"$san" 2>&1
+    say "compute-sanitizer memcheck (quantize): rc $? in $(($(elapsed) - t0)) s"
+  fi
+else
+  say "compute-sanitizer: not run (tool or $bin missing)"
+fi
+
+# ---- benchmark ----------------------------------------------------------------------------------
+cli="$build/tools/qsdpa"
+if [ -x "$cli" ]; then
+  t0=$(elapsed)
+  timeout "$(limit 90 5)" "$cli" bench --backend cuda --json >"$out/bench.json" 2>"$out/bench.log"
+  say "bench: rc $? in $(($(elapsed) - t0)) s ($(wc -c <"$out/bench.json") bytes of JSON)"
+else
+  say "bench: not run ($cli missing)"
+fi
+
+say "total: $(elapsed) s"
