@@ -1,0 +1,76 @@
+// Running and timing attention where a backend runs: the problem is copied to host or device
+// memory several times over, so that successive timed calls read different memory and the
+// caches (the GPU's L2, the CPU's last level) cannot hold the data between calls.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common.hpp"
+
+namespace qsdpa_cli {
+
+struct TimeOptions {
+  int warmup = -1;        // calls before timing; -1: automatic (10 on CUDA, 1-3 on the host)
+  int iters = 0;          // timed calls; 0: automatic
+  double target_s = 1.5;  // host, automatic iters: aim at this much timed work
+  int min_iters = 3, max_iters = 200;  // host, automatic iters: bounds
+  int device_iters = 100;  // CUDA, automatic iters
+};
+
+struct Timing {
+  double median_us = 0, min_us = 0;
+  int iters = 0, warmup = 0;
+};
+
+class Runner {
+ public:
+  // Copies `p` to where `backend` runs, as many times as it takes for one rotation over the
+  // copies to read at least `rotation_bytes` (at least one copy, at most 64). On the host the
+  // first copy is `p`'s own buffers (only the output is new): keep `p` alive while the Runner is.
+  static Status create(const Problem& p, Backend backend, int threads, int64_t rotation_bytes,
+                       std::unique_ptr<Runner>* out);
+  ~Runner();
+  Runner(const Runner&) = delete;
+  Runner& operator=(const Runner&) = delete;
+
+  Backend backend() const { return backend_; }
+  int copies() const { return int(params_.size()); }
+  // Bytes one rotation over all copies reads (copies * bytes per call).
+  int64_t rotation_bytes() const;
+
+  Status call(int copy);  // one attention call on copy `copy` (asynchronous on CUDA)
+  Status time(const TimeOptions& o, Timing* t);
+  // CUDA only: each copy's call captured (with a caller workspace) into a CUDA graph, the graphs
+  // replayed in rotation; the median time of one replay.
+  Status time_graph(int warmup, int iters, double* median_us);
+  // The output of copy 0 on the host ([B, Hq, Lq, D] T).
+  Status output(std::vector<uint8_t>* out);
+
+ private:
+  Runner() = default;
+  Status sync();
+  Backend backend_ = Backend::cpu;
+  int64_t bytes_per_call_ = 0;
+  size_t out_offset_ = 0, out_bytes_ = 0;
+  std::vector<void*> arenas_;  // one per copy: host (aligned_alloc) or device (cudaMalloc)
+  std::vector<qsdpa::AttentionParams> params_;
+  void* stream_ = nullptr;  // cudaStream_t
+  void* workspace_ = nullptr;
+};
+
+// What the timing runs on: the GPU's name, or the CPU model and thread count.
+std::string device_name(Backend b);
+// The last-level cache that timed data must exceed: the GPU's L2, or the CPU's L3.
+int64_t last_level_cache_bytes(Backend b);
+// Copy bandwidth of the memory the backend reads, counting read + write, in GB/s; `how` says how it
+// was measured.
+Status copy_bandwidth(Backend b, double* gbps, std::string* how);
+
+// The backend `auto` means for the program: CUDA when a device is there, else the CPU.
+Backend fastest_backend();
+// Whether `b` can run here (said before any data is made): not_built / no_device otherwise.
+Status check_backend(Backend b);
+
+}  // namespace qsdpa_cli
