@@ -20,10 +20,13 @@ need() {
 need /usr/src/googletest/CMakeLists.txt libgtest-dev
 need /usr/include/CLI/CLI.hpp libcli11-dev
 need /usr/include/nlohmann/json.hpp nlohmann-json3-dev
+need /usr/include/hwy/highway.h libhwy-dev
 
-rm -rf "$deps/googletest" "$deps/include/CLI" "$deps/include/nlohmann"
-mkdir -p "$deps/include"
+rm -rf "$deps/googletest" "$deps/include/CLI" "$deps/include/nlohmann" "$deps/include/hwy" "$deps/lib"
+mkdir -p "$deps/include" "$deps/lib"
 cp -r /usr/src/googletest "$deps/googletest"
 cp -r /usr/include/CLI "$deps/include/CLI"
 cp -r /usr/include/nlohmann "$deps/include/nlohmann"
+cp -r /usr/include/hwy "$deps/include/hwy"
+cp -L "$(ls /usr/lib/*/libhwy.so.1 | head -1)" "$deps/lib/libhwy.so.1"
 echo "prepare_gpu_deps: $(du -sh "$deps" | cut -f1) in $deps"

@@ -1,0 +1,453 @@
+// The CUDA backend's entry points (core/backends.hpp): device queries, pointer checks, the split-K
+// plan, the workspace, and the ONE dispatch between the tensor-core kernel and the generic one.
+//
+// Everything is enqueued on the caller's stream with no synchronization and no allocation, except
+// the growth of the library's own workspace (when the caller passes none), which never happens
+// while the stream is being captured into a CUDA graph.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../core/backends.hpp"
+#include "kernels.cuh"
+#include "split_kv.cuh"
+#include "testing.hpp"
+
+#if __has_include("attention_mma.cuh")
+#include "attention_mma.cuh"
+#define QSDPA_HAVE_MMA 1
+#else
+#define QSDPA_HAVE_MMA 0
+#endif
+
+namespace qsdpa::detail {
+namespace {
+
+using cuda::AttnArgs;
+
+// Split-K plan: each split covers at least this many tokens, so that the partials (rows * D
+// floats per split) stay small next to the cache the split reads.
+constexpr int64_t kMinSplitTokens = 256;
+// Blocks to aim for per multiprocessor: two waves keep every SM busy through the tail.
+constexpr int64_t kWavesPerSm = 2;
+
+Status error(StatusCode c, std::string msg) { return make_status(c, std::move(msg), Backend::cuda); }
+
+Status cuda_status(cudaError_t e, const char* what) {
+  return error(StatusCode::backend_error, std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// Per-device facts read once.
+struct DeviceFacts {
+  int sms = 0;
+  bool pageable_access = false;  // the device can read pageable host memory (HMM / ATS)
+};
+
+Status device_facts(int dev, DeviceFacts* out) {
+  static std::mutex mu;
+  static std::map<int, DeviceFacts> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = cache.find(dev); it != cache.end()) {
+    *out = it->second;
+    return Status{};
+  }
+  DeviceFacts f;
+  int pageable = 0;
+  if (cudaError_t e = cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, dev); e != cudaSuccess)
+    return cuda_status(e, "cudaDeviceGetAttribute(multiProcessorCount)");
+  if (cudaError_t e = cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, dev); e != cudaSuccess)
+    return cuda_status(e, "cudaDeviceGetAttribute(pageableMemoryAccess)");
+  f.pageable_access = pageable != 0;
+  cache[dev] = f;
+  *out = f;
+  return Status{};
+}
+
+// Makes `dev` current for the lifetime of the guard.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int dev) {
+    if (cudaGetDevice(&prev_) == cudaSuccess && prev_ != dev && cudaSetDevice(dev) == cudaSuccess) switched_ = true;
+  }
+  ~DeviceGuard() {
+    if (switched_) cudaSetDevice(prev_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = 0;
+  bool switched_ = false;
+};
+
+// Checks that `ptr` can be read by the device; `dev` receives its device (or stays unchanged for
+// memory that is not bound to one).
+Status check_pointer(const void* ptr, const char* name, int* dev) {
+  cudaPointerAttributes at{};
+  if (cudaError_t e = cudaPointerGetAttributes(&at, ptr); e != cudaSuccess) {
+    cudaGetLastError();
+    return error(StatusCode::invalid_argument,
+                 std::string(name) + " is not memory the CUDA backend can read (" + cudaGetErrorString(e) + ")");
+  }
+  if (at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged) {
+    if (at.type == cudaMemoryTypeDevice && dev) *dev = at.device;
+    return Status{};
+  }
+  if (at.type == cudaMemoryTypeHost && at.devicePointer != nullptr) return Status{};  // mapped pinned memory
+  DeviceFacts f;
+  int cur = 0;
+  if (cudaGetDevice(&cur) == cudaSuccess && device_facts(cur, &f).ok() && f.pageable_access) return Status{};
+  return error(StatusCode::invalid_argument,
+               std::string(name) + " is host memory: Backend::cuda needs device (or managed) memory");
+}
+
+struct Check {
+  const void* ptr;
+  const char* name;
+};
+
+// Checks every non-null pointer; the device of the first device allocation is the one to run on.
+Status check_pointers(std::initializer_list<Check> list, int* dev) {
+  int found = -1;
+  for (const Check& c : list) {
+    if (!c.ptr) continue;
+    int d = -1;
+    if (Status s = check_pointer(c.ptr, c.name, &d); !s) return s;
+    if (found < 0 && d >= 0) found = d;
+  }
+  if (found >= 0) {
+    *dev = found;
+  } else if (cudaError_t e = cudaGetDevice(dev); e != cudaSuccess) {
+    return cuda_status(e, "cudaGetDevice");
+  }
+  return Status{};
+}
+
+// ---- split-K plan -----------------------------------------------------------------------------
+struct Plan {
+  bool use_mma = false;
+  size_t workspace = 0;
+};
+
+AttnArgs make_args(const AttentionParams& p) {
+  AttnArgs a{};
+  a.q = p.q;
+  a.k_packed = p.k.packed;
+  a.k_scales = p.k.scales;
+  a.k_biases = p.k.biases;
+  a.v_packed = p.v.packed;
+  a.v_scales = p.v.scales;
+  a.v_biases = p.v.biases;
+  a.sinks = p.sinks;
+  a.bool_mask = p.bool_mask;
+  a.float_mask = p.float_mask;
+  a.out = p.out;
+  a.B = p.B;
+  a.Hq = p.Hq;
+  a.Hkv = p.Hkv;
+  a.Lq = p.Lq;
+  a.N = p.N;
+  a.D = p.D;
+  a.window = p.window;
+  a.scale = p.scale > 0.0f ? p.scale : float(1.0 / std::sqrt(double(p.D)));
+  a.k_bits = p.k.format.bits;
+  a.k_group = p.k.format.group;
+  a.v_bits = p.v.format.bits;
+  a.v_group = p.v.format.group;
+  a.bool_mask_u32 = p.bool_mask_type == BoolMaskType::u32 ? 1 : 0;
+  a.dtype = int(p.dtype);
+  return a;
+}
+
+bool use_tensor_cores(const AttnArgs& a) {
+#if QSDPA_HAVE_MMA
+  return cuda::mma_supports(a);
+#else
+  (void)a;
+  return false;
+#endif
+}
+
+// Fills num_splits, chunk and t_begin (N > 0). Independent work units are (b, KV head) pairs, times
+// the generic kernel's query-row tiles; splits are added until there are about two blocks per SM.
+Plan make_plan(AttnArgs& a, int sms, bool allow_mma = true) {
+  Plan plan;
+  plan.use_mma = allow_mma && use_tensor_cores(a);
+  int64_t tile = cuda::kGenericTokenTile;
+  int64_t units = a.B * a.Hkv;
+#if QSDPA_HAVE_MMA
+  if (plan.use_mma) tile = std::max(1, cuda::mma_token_tile(a));
+#endif
+  if (!plan.use_mma) units *= cuda::generic_row_tiles(a);
+  // Tokens before t_begin are outside every row's window (the first row sits at N - Lq).
+  a.t_begin = a.window > 0 ? std::max<int64_t>(0, a.N - a.Lq - a.window + 1) : 0;
+  const int64_t span = a.N - a.t_begin;
+  const int64_t want = (kWavesPerSm * sms + units - 1) / units;
+  const int64_t most = std::max<int64_t>(1, span / kMinSplitTokens);
+  const int64_t splits = std::clamp<int64_t>(want, 1, most);
+  int64_t chunk = (span + splits - 1) / splits;
+  chunk = (chunk + tile - 1) / tile * tile;
+  a.chunk = chunk;
+  a.num_splits = int((span + chunk - 1) / chunk);
+  plan.workspace = cuda::partials_bytes(a.B * a.Hq * a.Lq, a.D, a.num_splits);
+  return plan;
+}
+
+// Points the partials into the workspace (16-byte aligned; partials_bytes() leaves room).
+void place_partials(AttnArgs& a, void* ws) {
+  const auto align16 = [](uintptr_t x) { return (x + 15) & ~uintptr_t(15); };
+  const size_t n = size_t(a.num_splits) * size_t(a.B * a.Hq * a.Lq);
+  const uintptr_t base = align16(reinterpret_cast<uintptr_t>(ws));
+  a.part_m = reinterpret_cast<float*>(base);
+  a.part_l = a.part_m + n;
+  a.part_o = reinterpret_cast<float*>(align16(reinterpret_cast<uintptr_t>(a.part_l + n)));
+}
+
+// ---- the library's workspace: one buffer per (device, stream), grown when needed -------------
+// One per stream rather than per device, so that attention calls on concurrent streams never
+// share partials. A buffer is only ever replaced on its own stream's call, outside capture.
+struct WorkspaceKey {
+  int dev;
+  cudaStream_t stream;
+  bool operator<(const WorkspaceKey& o) const { return dev != o.dev ? dev < o.dev : stream < o.stream; }
+};
+struct Workspace {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+};
+std::mutex ws_mutex;
+std::map<WorkspaceKey, Workspace>& workspaces() {
+  static auto* m = new std::map<WorkspaceKey, Workspace>();  // freed by the process exit, never
+  return *m;                                                  // by a destructor racing the driver
+}
+
+Status library_workspace(int dev, cudaStream_t stream, size_t need, void** out) {
+  Workspace& w = workspaces()[WorkspaceKey{dev, stream}];
+  if (w.bytes >= need) {
+    *out = w.ptr;
+    return Status{};
+  }
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  if (cudaError_t e = cudaStreamIsCapturing(stream, &cap); e != cudaSuccess) {
+    cudaGetLastError();
+    return error(StatusCode::invalid_argument,
+                 std::string("the attention workspace must grow, which is not possible now (") +
+                     cudaGetErrorString(e) + "): pass workspace / workspace_bytes (attention_workspace_size())");
+  }
+  if (cap != cudaStreamCaptureStatusNone)
+    return error(StatusCode::invalid_argument,
+                 "workspace is null while the stream is being captured into a CUDA graph, and the library's "
+                 "workspace is too small (" + std::to_string(w.bytes) + " < " + std::to_string(need) +
+                     " bytes) and cannot grow during capture: pass workspace / workspace_bytes of "
+                     "attention_workspace_size() bytes");
+  if (w.ptr) {
+    cudaError_t e = cudaFree(w.ptr);  // waits for the kernels still reading it
+    w.ptr = nullptr;
+    w.bytes = 0;
+    if (e != cudaSuccess) return cuda_status(e, "cudaFree(workspace)");
+  }
+  const size_t bytes = std::max(need + need / 4, size_t(1) << 20);  // some headroom for growth
+  if (cudaError_t e = cudaMalloc(&w.ptr, bytes); e != cudaSuccess) {
+    cudaGetLastError();
+    w.ptr = nullptr;
+    return cuda_status(e, ("cudaMalloc(workspace, " + std::to_string(bytes) + " bytes)").c_str());
+  }
+  w.bytes = bytes;
+  *out = w.ptr;
+  return Status{};
+}
+
+struct Availability {
+  bool ok = false;
+  std::string why;
+};
+
+const Availability& availability() {
+  static const Availability a = [] {
+    Availability r;
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      r.why = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e);
+    } else if (n <= 0) {
+      r.why = "no CUDA device is present";
+    } else {
+      r.ok = true;
+    }
+    return r;
+  }();
+  return a;
+}
+
+}  // namespace
+
+bool cuda_built() { return true; }
+
+bool cuda_available(std::string* why) {
+  const Availability& a = availability();
+  if (!a.ok && why) *why = a.why;
+  return a.ok;
+}
+
+bool cuda_is_device_pointer(const void* p) {
+  if (!p || !availability().ok) return false;
+  cudaPointerAttributes at{};
+  if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged;
+}
+
+std::string cuda_device_info() {
+  int n = 0;
+  if (cudaError_t e = cudaGetDeviceCount(&n); e != cudaSuccess) {
+    cudaGetLastError();
+    return std::string("cuda: no device (") + cudaGetErrorString(e) + ")\n";
+  }
+  std::string s;
+  for (int d = 0; d < n; ++d) {
+    cudaDeviceProp pr{};
+    if (cudaGetDeviceProperties(&pr, d) != cudaSuccess) {
+      cudaGetLastError();
+      continue;
+    }
+    char line[512];
+    std::snprintf(line, sizeof line, "cuda:%d: %s, sm_%d%d, %d SMs, %.1f GiB, L2 %.0f MiB%s\n", d, pr.name, pr.major,
+                  pr.minor, pr.multiProcessorCount, double(pr.totalGlobalMem) / double(1 << 30),
+                  double(pr.l2CacheSize) / double(1 << 20), QSDPA_HAVE_MMA ? "" : " (generic kernel only)");
+    s += line;
+  }
+  return s;
+}
+
+size_t cuda_attention_workspace_size(const AttentionParams& p) {
+  if (p.N == 0) return 0;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  if (p.q) {  // the device the data lives on
+    cudaPointerAttributes at{};
+    if (cudaPointerGetAttributes(&at, p.q) == cudaSuccess && at.type == cudaMemoryTypeDevice)
+      dev = at.device;
+    else
+      cudaGetLastError();
+  }
+  DeviceFacts f;
+  if (!device_facts(dev, &f)) return 0;
+  AttnArgs a = make_args(p);
+  return make_plan(a, f.sms).workspace;
+}
+
+namespace {
+
+Status run_attention(const AttentionParams& p, bool allow_mma) {
+  int dev = 0;
+  const bool kv = p.N > 0;
+  if (Status s = check_pointers({{p.q, "q"},
+                                 {p.out, "out"},
+                                 {kv ? p.k.packed : nullptr, "k.packed"},
+                                 {kv ? p.k.scales : nullptr, "k.scales"},
+                                 {kv ? p.k.biases : nullptr, "k.biases"},
+                                 {kv ? p.v.packed : nullptr, "v.packed"},
+                                 {kv ? p.v.scales : nullptr, "v.scales"},
+                                 {kv ? p.v.biases : nullptr, "v.biases"},
+                                 {p.sinks, "sinks"},
+                                 {kv ? p.bool_mask : nullptr, "bool_mask"},
+                                 {kv ? p.float_mask : nullptr, "float_mask"},
+                                 {p.workspace, "workspace"}},
+                                &dev);
+      !s)
+    return s;
+  DeviceGuard guard(dev);
+  const auto stream = static_cast<cudaStream_t>(p.stream);
+
+  if (p.N == 0) {  // no key at all: out is zeros (0 bits are 0 in f32, f16 and bf16)
+    const size_t bytes = size_t(p.B * p.Hq * p.Lq * p.D) * dtype_size(p.dtype);
+    if (cudaError_t e = cudaMemsetAsync(p.out, 0, bytes, stream); e != cudaSuccess)
+      return cuda_status(e, "cudaMemsetAsync(out)");
+    return make_status(StatusCode::ok, "", Backend::cuda);
+  }
+
+  DeviceFacts f;
+  if (Status s = device_facts(dev, &f); !s) return s;
+  AttnArgs a = make_args(p);
+  const Plan plan = make_plan(a, f.sms, allow_mma);
+  if (!plan.use_mma && int64_t(a.num_splits) * a.B * a.Hkv * cuda::generic_row_tiles(a) > INT32_MAX)
+    return error(StatusCode::unsupported,
+                 "B * Hkv * ceil(Hq / Hkv * Lq / rows per block) (" + std::to_string(a.B * a.Hkv) + " * " +
+                     std::to_string(cuda::generic_row_tiles(a)) + ") exceeds one launch of the CUDA backend");
+
+  // The workspace, and with the library's own buffer its lock, held through the launches.
+  std::unique_lock<std::mutex> lock;
+  void* ws = p.workspace;
+  if (ws) {
+    if (p.workspace_bytes < plan.workspace)
+      return error(StatusCode::invalid_argument,
+                   "workspace_bytes (" + std::to_string(p.workspace_bytes) +
+                       ") is smaller than attention_workspace_size() (" + std::to_string(plan.workspace) + ")");
+  } else {
+    lock = std::unique_lock<std::mutex>(ws_mutex);
+    if (Status s = library_workspace(dev, stream, plan.workspace, &ws); !s) return s;
+  }
+  place_partials(a, ws);
+
+  cudaError_t e = cudaSuccess;
+#if QSDPA_HAVE_MMA
+  if (plan.use_mma) {
+    e = cuda::mma_launch(a, stream);
+    if (e != cudaSuccess) return cuda_status(e, "attention (tensor-core kernel) launch");
+  }
+#endif
+  if (!plan.use_mma) {
+    e = cuda::generic_launch(a, stream);
+    if (e != cudaSuccess) return cuda_status(e, "attention (generic kernel) launch");
+  }
+  e = cuda::combine_launch(a, stream);
+  if (e != cudaSuccess) return cuda_status(e, "attention (combine kernel) launch");
+  return make_status(StatusCode::ok, "", Backend::cuda);
+}
+
+}  // namespace
+
+Status cuda_attention(const AttentionParams& p) { return run_attention(p, true); }
+
+Status cuda_quantize(const QuantizeParams& p) {
+  int dev = 0;
+  if (Status s = check_pointers({{p.w, "w"}, {p.packed, "packed"}, {p.scales, "scales"}, {p.biases, "biases"}}, &dev);
+      !s)
+    return s;
+  DeviceGuard guard(dev);
+  if (cudaError_t e = cuda::quantize_launch(p, static_cast<cudaStream_t>(p.stream)); e != cudaSuccess)
+    return cuda_status(e, "quantize kernel launch");
+  return make_status(StatusCode::ok, "", Backend::cuda);
+}
+
+Status cuda_dequantize(const DequantizeParams& p) {
+  int dev = 0;
+  if (Status s = check_pointers({{p.packed, "packed"}, {p.scales, "scales"}, {p.biases, "biases"}, {p.w, "w"}}, &dev);
+      !s)
+    return s;
+  DeviceGuard guard(dev);
+  if (cudaError_t e = cuda::dequantize_launch(p, static_cast<cudaStream_t>(p.stream)); e != cudaSuccess)
+    return cuda_status(e, "dequantize kernel launch");
+  return make_status(StatusCode::ok, "", Backend::cuda);
+}
+
+}  // namespace qsdpa::detail
+
+qsdpa::Status qsdpa::cuda::attention_generic_kernel(const AttentionParams& p) {
+  return detail::run_attention(p, false);
+}

@@ -1,0 +1,574 @@
+// The tensor-core attention kernel (f16 / bf16, 4- and 8-bit MLX caches): one block of 4 warps per
+// (b * Hkv, split, query-row tile). Each warp streams its own 32-token tiles (interleaved with the
+// other warps') through a private cp.async ring, computes the logits of all query rows of the
+// GQA group with mma (tokens on M, rows on N), keeps its own online softmax, accumulates Oᵀ with
+// mma (head dims on M, rows on N), and the 4 warps merge into one split-K partial at the end
+// (split_kv.cuh). mma_format.cuh says how packed words become mma operands.
+//
+// Why this shape: at full memory speed a 4-bit cache delivers ~32 elements per SM clock, and the
+// CUDA cores issue ~128 lane-operations per SM clock, so unpacking and softmax must cost a few
+// operations per element. K and V are each read once per block for every query row; integer
+// codes go straight into the tensor cores; the per-group affine map is applied per token after
+// the dot product; the softmax rescales lazily (only when a logit exceeds the running reference
+// by more than kTau, 2^kTau bounding p).
+#pragma once
+
+#include <cstdint>
+
+#include "mma_format.cuh"
+#include "split_kv.cuh"
+
+namespace qsdpa::cuda::mmak {
+
+constexpr int kWarps = 4;
+constexpr int kTileTokens = 32;                  // tokens per warp tile
+constexpr int kBlockTokens = kWarps * kTileTokens;  // the dispatcher's chunk granularity
+constexpr float kTau = 8.0f;                     // lazy-rescale margin (log2 units): p <= 2^8
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+template <class T, int BITS, int D, int NT, bool KDEN, int STAGES>
+struct Shape {
+  using F = Fmt<T, BITS, KDEN>;
+  static constexpr int kRB = D * BITS / 8;  // bytes of one packed row
+  static constexpr int kC = kRB / 16;       // 16-byte pieces per row
+  static constexpr int kKS = D / 16;        // k-steps of Q·Kᵀ = d-tiles of Oᵀ
+  static constexpr int kRT = 8 * NT;        // query rows per block
+  static constexpr int kMT = kTileTokens / 16;
+  static constexpr int kNGMax = D / 32;     // groups per row at most (group >= 32)
+  static constexpr int kNGP = kNGMax < 2 ? 2 : kNGMax;
+  static constexpr int kNA = F::kOffsets ? 2 : 1;  // correction slots: biases (+ scales x offset)
+  static constexpr int kNZ = (kNA * kNGP + 7) / 8;  // mma for the per-group corrections
+  static constexpr int kSCB = (kTileTokens * kNGMax * 2 + 15) / 16 * 16 + 16;  // one scale array
+  static constexpr int kStage = 2 * kTileTokens * kRB + 4 * kSCB;
+  static constexpr int kPipe = kWarps * STAGES * kStage;
+  static constexpr int kMerge = kWarps * kRT * (D + 2) * 4;
+  static constexpr int kMain = kPipe > kMerge ? kPipe : kMerge;
+  static constexpr int kQ = kRT * D * 4 + 2 * kRT * kNGMax * 4 + kRT * 4 + 2 * kRT * 8;
+  static constexpr int kSmem = kMain + kQ;
+  static_assert(kC >= 2 && (kC & (kC - 1)) == 0, "row pieces: a power of two, at least 2");
+  static_assert(kStage % 16 == 0, "stages stay 16-byte aligned");
+
+  // Swizzle of the 16-byte pieces of a row: the 8 rows one ldmatrix phase reads (8 consecutive
+  // tokens, same piece) land in 8 different bank groups. Invariant under token += 16.
+  __host__ __device__ static constexpr int swz(int t) {
+    return kC >= 8 ? (t & 7) : kC == 4 ? ((t >> 1) & 3) : ((t >> 2) & 1);
+  }
+};
+
+__device__ __forceinline__ uint32_t lds16(uint32_t addr) {
+  unsigned short v;
+  asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
+
+// KDEN: f16 keys as subnormal codes, else as magic-number codes (ignored for bf16).
+template <class T, int BITS, int D, int NT, bool KDEN, int STAGES>
+__global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? 2 : 3) attention_kernel(const AttnArgs a) {
+  using S = Shape<T, BITS, D, NT, KDEN, STAGES>;
+  using F = typename S::F;
+  using Y = Ty<T>;
+  constexpr int kRB = S::kRB, kC = S::kC, kKS = S::kKS, kRT = S::kRT, kMT = S::kMT;
+  constexpr int kTW = kTileTokens, kSCB = S::kSCB, kNZ = S::kNZ, kNGP = S::kNGP, kNGMax = S::kNGMax;
+  extern __shared__ __align__(16) uint8_t smem[];
+
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+  const int64_t bh = blockIdx.x;
+  const int split = int(blockIdx.y);
+  const int64_t b = bh / a.Hkv, kvh = bh - b * a.Hkv;
+  const int64_t N = a.N;
+  const int rep = int(a.Hq / a.Hkv), Lq = int(a.Lq), R = rep * Lq;
+  const int r0 = int(blockIdx.z) * kRT, nrows = min(kRT, R - r0);
+  const int G = a.k_group, ng = D / G, lbpg = G == 32 ? 0 : G == 64 ? 1 : 2, bpg_mask = (1 << lbpg) - 1;
+  const int64_t rows_total = a.B * a.Hq * a.Lq;
+
+  // ---- this block's tokens; tiles before the sliding window of every row are skipped --------
+  int64_t tb = a.t_begin + int64_t(split) * a.chunk;
+  const int64_t te = N < tb + a.chunk ? N : tb + a.chunk;
+  if (a.window > 0) {
+    const int64_t lo = N - Lq - a.window + 1;
+    if (lo > tb) tb += (lo - tb) / kTW * kTW;
+  }
+  const int64_t ntiles = te > tb ? (te - tb + kTW - 1) / kTW : 0;
+  const int64_t my_tiles = ntiles > warp ? (ntiles - warp + kWarps - 1) / kWarps : 0;
+
+  // ---- the warp's copy ring -------------------------------------------------------------------
+  // A tile is kTW consecutive rows: kTW * kRB contiguous bytes of K (and of V), and for each of
+  // the 4 scale / bias tensors kTW * ng * 2 contiguous bytes, copied as the 16-byte-aligned span
+  // around them (the offset soff of the tile inside that span is the same for every tile of the
+  // block, since tiles advance by multiples of 16 bytes).
+  const uint32_t wring = smem_addr(smem) + uint32_t(warp * STAGES * S::kStage);
+  const int64_t tile_step = int64_t(kWarps) * kTW;  // tokens from one of the warp's tiles to the next
+  const int64_t t_first = tb + int64_t(warp) * kTW;
+  // lane's first piece of the warp's first tile (piece i = lane + 32 k sits at byte 16 i)
+  const uint8_t* gk = reinterpret_cast<const uint8_t*>(a.k_packed) + (bh * N + t_first) * kRB + lane * 16;
+  const uint8_t* gv = reinterpret_cast<const uint8_t*>(a.v_packed) + (bh * N + t_first) * kRB + lane * 16;
+  const int sc_lane_arr = lane >> 3, sc_lane_k = lane & 7;  // this lane copies scale tensor lane/8
+  const int64_t o_first = (bh * N + t_first) * ng * 2;
+  const int soff = int(o_first & 15);
+  const uint8_t* gsc = static_cast<const uint8_t*>(sc_lane_arr == 0   ? a.k_scales
+                                                   : sc_lane_arr == 1 ? a.k_biases
+                                                   : sc_lane_arr == 2 ? a.v_scales
+                                                                      : a.v_biases) +
+                       (o_first - soff) + sc_lane_k * 16;
+  const int nch = (soff + kTW * ng * 2 + 15) >> 4;  // 16-byte pieces of a full tile's span
+  uint32_t so[kC];                                  // swizzled destinations of the lane's pieces
+#pragma unroll
+  for (int k = 0; k < kC; ++k) {
+    const int i = lane + 32 * k;
+    so[k] = uint32_t((i ^ S::swz(i / kC)) << 4);
+  }
+
+  auto issue = [&](int64_t it, int stage) {
+    const int64_t left = te - (t_first + it * tile_step);
+    const uint32_t sk = wring + uint32_t(stage * S::kStage), sv = sk + kTW * kRB, ss = sv + kTW * kRB;
+    const uint8_t* pk = gk + it * (tile_step * kRB);
+    const uint8_t* pv = gv + it * (tile_step * kRB);
+    if (left >= kTW) {
+#pragma unroll
+      for (int k = 0; k < kC; ++k) {
+        cp_async16(sk + so[k], pk + 512 * k, 16);
+        cp_async16(sv + so[k], pv + 512 * k, 16);
+      }
+    } else {  // the last, partial tile: rows past the end are zero-filled, never read
+#pragma unroll
+      for (int k = 0; k < kC; ++k) {
+        const bool in = (lane + 32 * k) / kC < left;  // (a copy of 0 bytes reads nothing)
+        cp_async16(sk + so[k], in ? pk + 512 * k : static_cast<const void*>(a.k_packed), in ? 16 : 0);
+        cp_async16(sv + so[k], in ? pv + 512 * k : static_cast<const void*>(a.v_packed), in ? 16 : 0);
+      }
+    }
+    const int vlen = soff + int(left < kTW ? left : kTW) * ng * 2;  // valid bytes of the span
+    const uint8_t* ps = gsc + it * (tile_step * ng * 2);
+    const uint32_t sd = ss + uint32_t(sc_lane_arr * kSCB + sc_lane_k * 16);
+    for (int k = sc_lane_k, j = 0; k < nch; k += 8, ++j) {
+      const int rest = vlen - 16 * k, n = rest <= 0 ? 0 : rest >= 16 ? 16 : rest;
+      cp_async16(sd + 128 * j, n > 0 ? ps + 128 * j : a.k_scales, n);
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < my_tiles) issue(s, s);
+    cp_commit();
+  }
+
+  // ---- query rows: scaled copy in f32, per-row scale, per-group sums --------------------------
+  float* qf = reinterpret_cast<float*>(smem + S::kMain);  // [kRT][D]
+  float* qc = qf + kRT * D;                               // [kRT][kNGMax]  Σ_g q
+  float* qo = qc + kRT * kNGMax;                          // [kRT][kNGMax]  Σ_g mu q
+  float* rowc = qo + kRT * kNGMax;                        // [kRT] logit factor (log2 units)
+  int64_t* rpos = reinterpret_cast<int64_t*>(rowc + kRT);  // [kRT] position N - Lq + i (-1: none)
+  int64_t* rmrow = rpos + kRT;                             // [kRT] first mask element of the row
+  const auto qrow_of = [&](int lr) {
+    const int r = r0 + lr, hl = r / Lq, i = r - hl * Lq;
+    return (b * a.Hq + kvh * rep + hl) * a.Lq + i;
+  };
+  {
+    const uint16_t* q16 = static_cast<const uint16_t*>(a.q);
+    for (int idx = tid; idx < kRT * D; idx += kWarps * 32) {
+      const int lr = idx / D, d = idx - lr * D;
+      qf[idx] = lr < nrows ? Y::to_f32(q16[qrow_of(lr) * D + d]) : 0.0f;
+    }
+    if (tid < kRT) {
+      const int r = r0 + tid;
+      rpos[tid] = tid < nrows ? N - Lq + (r - (r / Lq) * Lq) : -1;
+      rmrow[tid] = tid < nrows ? qrow_of(tid) * N : 0;
+    }
+    __syncthreads();
+    for (int lr = warp; lr < kRT; lr += kWarps) {
+      float amax = 0.0f;
+      for (int d = lane; d < D; d += 32) amax = fmaxf(amax, fabsf(qf[lr * D + d]));
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      int e = 0;
+      if (F::kPrescale && amax > 0.0f && amax <= 3.0e38f) {
+        int ex;
+        frexpf(amax, &ex);
+        e = max(-100, min(100, F::kT0 + 1 - ex));
+      }
+      const float sc = ldexpf(1.0f, e);
+      float gs = 0.0f, go = 0.0f;
+#pragma unroll
+      for (int bl = 0; bl < D / 32; ++bl) {
+        const int d = 32 * bl + lane;
+        const float v = qf[lr * D + d] * sc;
+        qf[lr * D + d] = v;
+        float s1 = v, s2 = v * F::mu(d);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+          s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+          s2 += __shfl_xor_sync(0xffffffffu, s2, o);
+        }
+        gs += s1;
+        go += s2;
+        if (((bl + 1) & bpg_mask) == 0) {
+          if (lane == 0) {
+            qc[lr * kNGMax + (bl >> lbpg)] = gs;
+            qo[lr * kNGMax + (bl >> lbpg)] = go;
+          }
+          gs = go = 0.0f;
+        }
+      }
+      if (lane == 0) rowc[lr] = a.scale * kLog2e * ldexpf(1.0f, -e) / F::kKappa;
+    }
+    __syncthreads();
+  }
+
+  // B operands: q (permuted to the key unpacking order), and the correction slots.
+  uint32_t bq[NT][kKS][2];
+  uint32_t bz[NT][kNZ][2];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int lr = nt * 8 + g;
+#pragma unroll
+    for (int ks = 0; ks < kKS; ++ks)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int d0 = F::kdim(ks, 2 * c + 8 * j), d1 = F::kdim(ks, 2 * c + 8 * j + 1);
+        bq[nt][ks][j] = Y::pack(qf[lr * D + d0] * F::beta(d0), qf[lr * D + d1] * F::beta(d1));
+      }
+#pragma unroll
+    for (int zi = 0; zi < kNZ; ++zi) {
+      float v[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int slot = 8 * zi + 2 * c + h, arr = slot / kNGP, gg = slot % kNGP;
+        v[h] = 0.0f;
+        if (arr < S::kNA && gg < ng) v[h] = arr == 0 ? qc[lr * kNGMax + gg] : -qo[lr * kNGMax + gg];
+      }
+      // value = hi + lo, both in T
+      const uint32_t hi = Y::pack(v[0], v[1]);
+      const float h0 = Y::to_f32(uint16_t(hi & 0xffffu)), h1 = Y::to_f32(uint16_t(hi >> 16));
+      bz[nt][zi][0] = hi;
+      bz[nt][zi][1] = Y::pack(v[0] - h0, v[1] - h1);
+    }
+  }
+  float crow[NT][2];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) crow[nt][e] = rowc[nt * 8 + 2 * c + e];
+
+  // ---- online softmax state (log2 units) --------------------------------------------------------
+  float m[NT][2], mb[NT][2], thr[NT][2], lsum[NT][2];
+  float o[kKS][NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      m[nt][e] = -INFINITY;  // reference: -inf until a visible key shows up
+      mb[nt][e] = 0.0f;      // the reference as subtracted (0 while m is -inf)
+      thr[nt][e] = -INFINITY;
+      lsum[nt][e] = 0.0f;
+    }
+#pragma unroll
+  for (int dt = 0; dt < kKS; ++dt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[dt][nt][e] = 0.0f;
+
+  // Per-lane ldmatrix row offsets: lane l addresses matrix l/8 (token half, piece parity), row l%8.
+  uint32_t ldo[kC / 2];
+  {
+    const int mi = lane >> 3, tok = (mi & 1) * 8 + (lane & 7);
+#pragma unroll
+    for (int u = 0; u < kC / 2; ++u)
+      ldo[u] = uint32_t(tok * kRB + (((2 * u + (mi >> 1)) ^ S::swz(tok)) << 4));
+  }
+  const bool has_mask = a.bool_mask != nullptr || a.float_mask != nullptr;
+  // Per-lane byte offsets inside a tile's scale arrays ([token][group] of T).
+  const uint32_t rb_g = uint32_t(g * ng * 2), rb_g8 = uint32_t((g + 8) * ng * 2), rb_mt = uint32_t(32 * ng);
+  const uint32_t rb_c2 = uint32_t(2 * c * ng * 2), rb_1 = uint32_t(ng * 2), rb_8 = uint32_t(16 * ng);
+  // Correction slots this lane reads (A operand of the correction mma): a pair of groups of
+  // the biases (slot array 0) or the scales (array 1, offsets only).
+  uint32_t zsl[kNZ], zmask[kNZ];
+#pragma unroll
+  for (int zi = 0; zi < kNZ; ++zi) {
+    const int slot = 8 * zi + 2 * c, arr = slot / kNGP, gg = slot % kNGP;
+    const bool v0 = arr < S::kNA && gg < ng, v1 = arr < S::kNA && gg + 1 < ng;
+    zsl[zi] = v0 ? uint32_t((arr == 0 ? kSCB : 0) + gg * 2) : 0u;  // (an unused lane reads group 0)
+    zmask[zi] = v1 ? 0xffffffffu : v0 ? 0x0000ffffu : 0u;
+  }
+
+  int stage = 0;
+  int64_t t0 = t_first;
+  for (int64_t it = 0; it < my_tiles; ++it, t0 += tile_step, stage = stage + 1 == STAGES ? 0 : stage + 1) {
+    cp_wait<STAGES - 2>();
+    __syncwarp();
+    if (it + STAGES - 1 < my_tiles) issue(it + STAGES - 1, stage == 0 ? STAGES - 1 : stage - 1);
+    cp_commit();
+
+    const uint32_t sk = wring + uint32_t(stage * S::kStage), sv = sk + kTW * kRB;
+    const uint32_t sks = sv + kTW * kRB + uint32_t(soff);  // k scales of the tile's first token
+    const uint32_t svs = sks + 2 * kSCB, svz = sks + 3 * kSCB;
+
+    // ---- logits: Σ_g s_g (q·k̃)_g + Σ_g (z_g Σq_g - s_g Σ mu q_g), per token and row ----------
+    float sc[kMT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      const uint32_t smt = sks + mt * rb_mt;
+      uint32_t za[kNZ][4];
+#pragma unroll
+      for (int zi = 0; zi < kNZ; ++zi) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t p = smt + zsl[zi] + (h ? rb_g8 : rb_g);
+          // one group per token (ng == 1) is only 2-byte aligned; pairs are 4-byte aligned
+          za[zi][h] = za[zi][h + 2] = (ng == 1 ? lds16(p) : lds32(p)) & zmask[zi];
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        float z4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int zi = 0; zi < kNZ; ++zi) Y::mma(z4, za[zi], bz[nt][zi][0], bz[nt][zi][1]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[mt][nt][e] = z4[e] * F::kKappa;
+      }
+      float acc[NT][4];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+#pragma unroll
+      for (int u = 0; u < kC / 2; ++u) {
+        uint32_t w[4];
+        ldsm_x4(sk + uint32_t(mt * 16 * kRB) + ldo[u], w);
+#pragma unroll
+        for (int hc = 0; hc < 2; ++hc) {
+          const int ch = 2 * u + hc;
+          uint32_t rg[4], rg8[4];
+          F::kunpack(w[2 * hc], rg);
+          F::kunpack(w[2 * hc + 1], rg8);
+#pragma unroll
+          for (int mm = 0; mm < F::kKMma; ++mm) {
+            const uint32_t A[4] = {rg[2 * mm], rg8[2 * mm], rg[2 * mm + 1], rg8[2 * mm + 1]};
+            const int ks = F::kstep(ch, mm);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) Y::mma(acc[nt], A, bq[nt][ks][0], bq[nt][ks][1]);
+          }
+          if (F::block_end(ch)) {
+            const int blk = F::block_of(ch);
+            if (((blk + 1) & bpg_mask) == 0) {  // end of a quantization group: fold its scale in
+              const uint32_t gb = smt + uint32_t((blk >> lbpg) * 2);
+              const float s0 = Y::to_f32(uint16_t(lds16(gb + rb_g)));
+              const float s8 = Y::to_f32(uint16_t(lds16(gb + rb_g8)));
+#pragma unroll
+              for (int nt = 0; nt < NT; ++nt) {
+                sc[mt][nt][0] = fmaf(s0, acc[nt][0], sc[mt][nt][0]);
+                sc[mt][nt][1] = fmaf(s0, acc[nt][1], sc[mt][nt][1]);
+                sc[mt][nt][2] = fmaf(s8, acc[nt][2], sc[mt][nt][2]);
+                sc[mt][nt][3] = fmaf(s8, acc[nt][3], sc[mt][nt][3]);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+              }
+            }
+          }
+        }
+      }
+    }
+
+    // ---- softmax: y = logit * log2e - reference ----------------------------------------------
+    float y[kMT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) y[mt][nt][e] = fmaf(sc[mt][nt][e], crow[nt][e & 1], -mb[nt][e & 1]);
+
+    const bool fast = !has_mask && t0 + kTW <= te && t0 + kTW - 1 <= N - Lq && (a.window == 0 || t0 >= N - a.window);
+    if (!fast) {  // partial tile, causal or window edge, or masks: per element
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int64_t tok = t0 + mt * 16 + g + 8 * (e >> 1);
+            const int lr = nt * 8 + 2 * c + (e & 1);
+            const int64_t pos = rpos[lr];
+            bool vis = tok < te && tok <= pos && (a.window == 0 || tok > pos - a.window);
+            if (vis && has_mask) {
+              const int64_t mi = rmrow[lr] + tok;
+              if (a.bool_mask)
+                vis = a.bool_mask_u32 ? static_cast<const uint32_t*>(a.bool_mask)[mi] != 0u
+                                      : static_cast<const uint8_t*>(a.bool_mask)[mi] != 0;
+              if (vis && a.float_mask) {
+                const float fm = Y::to_f32(static_cast<const uint16_t*>(a.float_mask)[mi]);
+                if (fm == -INFINITY) vis = false;
+                else y[mt][nt][e] = fmaf(fm, kLog2e, y[mt][nt][e]);
+              }
+            }
+            if (!vis) y[mt][nt][e] = -INFINITY;
+          }
+    }
+
+    bool trig = false;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) trig |= y[mt][nt][e] > thr[nt][e & 1];
+    if (__any_sync(0xffffffffu, trig)) {  // a new maximum: move the reference, rescale
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e2 = 0; e2 < 2; ++e2) {
+          float mx = -INFINITY;
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) mx = fmaxf(mx, fmaxf(y[mt][nt][e2], y[mt][nt][e2 + 2]));
+#pragma unroll
+          for (int off = 4; off < 32; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+          const float xa = mx + mb[nt][e2];
+          if (xa > m[nt][e2]) {
+            const float alpha = m[nt][e2] == -INFINITY ? 0.0f : ex2(m[nt][e2] - xa);
+            const float dl = xa - mb[nt][e2];
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+              y[mt][nt][e2] -= dl;
+              y[mt][nt][e2 + 2] -= dl;
+            }
+            lsum[nt][e2] *= alpha;
+#pragma unroll
+            for (int dt = 0; dt < kKS; ++dt) {
+              o[dt][nt][e2] *= alpha;
+              o[dt][nt][e2 + 2] *= alpha;
+            }
+            m[nt][e2] = mb[nt][e2] = xa;
+            thr[nt][e2] = kTau;
+          }
+        }
+    }
+
+    // p, and Pᵀ as the B operand of Oᵀ += Vᵀ Pᵀ (movmatrix turns the accumulator layout around)
+    uint32_t pt[kMT][NT][2];
+    float pv[kMT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        float* p = pv[mt][nt];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) p[e] = ex2(y[mt][nt][e]);
+        lsum[nt][0] += p[0] + p[2];
+        lsum[nt][1] += p[1] + p[3];
+        pt[mt][nt][0] = movm_t(Y::pack(p[0], p[1]));
+        pt[mt][nt][1] = movm_t(Y::pack(p[2], p[3]));
+      }
+
+    // ---- Oᵀ += Vᵀ Pᵀ, V dequantized per token pair ---------------------------------------------
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      uint32_t s01 = 0, z01 = 0, s89 = 0, z89 = 0;
+      const uint32_t prow = mt * rb_mt + rb_c2;  // tokens 2c (+1, +8, +9)
+      const uint32_t pstep = rb_1, p8 = rb_8;
+#pragma unroll
+      for (int u = 0; u < kC / 2; ++u) {
+        uint32_t w[4];
+        ldsm_x4_t(sv + uint32_t(mt * 16 * kRB) + ldo[u], w);
+#pragma unroll
+        for (int hc = 0; hc < 2; ++hc) {
+          const int ch = 2 * u + hc;
+          if (F::block_start(ch)) {
+            const int blk = F::block_of(ch);
+            if (blk == 0 || (blk & bpg_mask) == 0) {  // a new group: its scale and bias pairs
+              const uint32_t go = prow + uint32_t((blk >> lbpg) * 2);
+              s01 = lds16(svs + go) | (lds16(svs + go + pstep) << 16);
+              z01 = lds16(svz + go) | (lds16(svz + go + pstep) << 16);
+              s89 = lds16(svs + go + p8) | (lds16(svs + go + p8 + pstep) << 16);
+              z89 = lds16(svz + go + p8) | (lds16(svz + go + p8 + pstep) << 16);
+            }
+          }
+          uint32_t ul[4], uh[4];
+          F::vunpack(w[2 * hc], s01, z01, ul);
+          F::vunpack(w[2 * hc + 1], s89, z89, uh);
+#pragma unroll
+          for (int t = 0; t < F::kVTiles; ++t) {
+            const uint32_t A[4] = {ul[2 * t], ul[2 * t + 1], uh[2 * t], uh[2 * t + 1]};
+            const int dt = ch * F::kVTiles + t;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) Y::mma(o[dt][nt], A, pt[mt][nt][0], pt[mt][nt][1]);
+          }
+        }
+      }
+    }
+  }
+
+  // ---- merge the warps into one partial per row ----------------------------------------------
+  cp_wait<0>();
+  __syncthreads();
+  float* mw = reinterpret_cast<float*>(smem);  // [kWarps][kRT]
+  float* lw = mw + kWarps * kRT;               // [kWarps][kRT]
+  float* ow = lw + kWarps * kRT;               // [kWarps][kRT][D]
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float l = lsum[nt][e];
+#pragma unroll
+      for (int off = 4; off < 32; off <<= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
+      if (g == 0) {
+        const int lr = nt * 8 + 2 * c + e;
+        mw[warp * kRT + lr] = m[nt][e];
+        lw[warp * kRT + lr] = l;
+      }
+    }
+#pragma unroll
+  for (int dt = 0; dt < kKS; ++dt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int lr = nt * 8 + 2 * c + (e & 1);
+        ow[(warp * kRT + lr) * D + F::vdim(dt, g + 8 * (e >> 1))] = o[dt][nt][e];
+      }
+  __syncthreads();
+  for (int idx = tid; idx < nrows * D; idx += kWarps * 32) {
+    const int lr = idx / D, d = idx - lr * D;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, mw[w * kRT + lr]);
+    float acc = 0.0f, l = 0.0f;
+    if (mx != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float mwv = mw[w * kRT + lr];
+        if (mwv == -INFINITY) continue;
+        const float f = ex2(mwv - mx);
+        acc = fmaf(f, ow[(w * kRT + lr) * D + d], acc);
+        l = fmaf(f, lw[w * kRT + lr], l);
+      }
+    }
+    const int64_t prow = int64_t(split) * rows_total + qrow_of(lr);
+    a.part_o[prow * D + d] = acc;
+    if (d == 0) {
+      a.part_m[prow] = mx == -INFINITY ? -INFINITY : mx * kLn2;
+      a.part_l[prow] = l;
+    }
+  }
+}
+
+// Launches one instantiation: grid (B * Hkv, num_splits, query-row tiles of 8 * NT).
+template <class T, int BITS, int D, int NT, bool KDEN, int STAGES>
+cudaError_t launch(const AttnArgs& a, cudaStream_t stream) {
+  using S = Shape<T, BITS, D, NT, KDEN, STAGES>;
+  auto* kern = attention_kernel<T, BITS, D, NT, KDEN, STAGES>;
+  if (cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
+      e != cudaSuccess)
+    return e;
+  const int64_t R = a.Hq / a.Hkv * a.Lq;
+  const dim3 grid(unsigned(a.B * a.Hkv), unsigned(a.num_splits), unsigned((R + S::kRT - 1) / S::kRT));
+  kern<<<grid, kWarps * 32, S::kSmem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace qsdpa::cuda::mmak

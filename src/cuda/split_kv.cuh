@@ -1,0 +1,59 @@
+// The contract between the CUDA attention kernels and the split-K combine step.
+//
+// Every attention kernel processes, for one (sequence b, KV head) pair, a contiguous chunk of
+// tokens ("split") for ALL query rows of the GQA group (rep = Hq / Hkv heads x Lq rows), and
+// writes one partial online-softmax state per (split, query row):
+//   m[split][row]        f32  running max of the visible logits in the chunk (-inf if none)
+//   l[split][row]        f32  sum of exp(logit - m) over the chunk's visible keys (0 if none)
+//   o[split][row][0..D)  f32  sum of exp(logit - m) * v_hat over the chunk (NOT divided by l)
+// where row = (b * Hq + h) * Lq + i indexes [B, Hq, Lq]. The combine kernel merges the splits,
+// adds the sink (an extra logit sinks[h] with a zero value vector), writes zeros when no key is
+// visible, divides, and rounds to T once. The combine reads o[split][row] only where
+// m[split][row] is finite, so a split with no visible key may leave its o unwritten.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "qsdpa/qsdpa.hpp"
+
+namespace qsdpa::cuda {
+
+// Device-side view of AttentionParams (plain values, passed by value to kernels).
+struct AttnArgs {
+  const void* q;
+  const uint32_t* k_packed;
+  const void* k_scales;
+  const void* k_biases;
+  const uint32_t* v_packed;
+  const void* v_scales;
+  const void* v_biases;
+  const float* sinks;
+  const void* bool_mask;
+  const void* float_mask;
+  void* out;
+  int64_t B, Hq, Hkv, Lq, N, D;
+  int64_t window;
+  float scale;  // resolved (never 0)
+  int k_bits, k_group, v_bits, v_group;
+  int bool_mask_u32;  // 1 when bool_mask holds u32, 0 for u8
+  int dtype;          // DType as int
+  int num_splits;     // token chunks per (b, kv head)
+  int64_t chunk;      // tokens per split (a multiple of the kernel's token tile)
+  // split-K partials (see above)
+  float* part_m;
+  float* part_l;
+  float* part_o;
+  // First token of split 0: split s covers [t_begin + s * chunk, t_begin + (s + 1) * chunk)
+  // clipped to [0, N). Tokens before t_begin are outside every row's window, so a sliding window
+  // does not pay for splits that see nothing. Every attention kernel honors it.
+  int64_t t_begin;
+};
+
+// Workspace bytes for a given number of splits.
+inline size_t partials_bytes(int64_t rows, int64_t D, int num_splits) {
+  const size_t s = size_t(num_splits) * size_t(rows);
+  return s * sizeof(float) * (2 + size_t(D)) + 256;
+}
+
+}  // namespace qsdpa::cuda

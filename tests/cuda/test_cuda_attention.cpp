@@ -1,0 +1,366 @@
+// Attention on Backend::cuda against the double-precision reference (SPEC sections 3 and 4): the
+// full bits x group x T product at one shape, a pairwise covering design over the rest of the
+// parameter space, the edge cases of section 3, long caches (many splits), misaligned buffers,
+// and a small representative set for compute-sanitizer (CudaSanitize.*).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_testutil.hpp"
+
+using namespace qsdpa;
+using test::Case;
+using test::MaskKind;
+
+namespace {
+
+constexpr DType kTypes[] = {DType::f32, DType::f16, DType::bf16};
+
+// Greedy pairwise covering array: every pair of levels of every two factors appears in at least
+// one row (AETG-style: each row is the best of several candidates built around an uncovered pair).
+std::vector<std::vector<int>> pairwise(const std::vector<int>& levels, uint64_t seed) {
+  const int F = int(levels.size());
+  std::vector<std::vector<char>> covered(size_t(F * F));
+  size_t remaining = 0;
+  for (int a = 0; a < F; ++a)
+    for (int b = a + 1; b < F; ++b) {
+      covered[size_t(a * F + b)].assign(size_t(levels[size_t(a)] * levels[size_t(b)]), 0);
+      remaining += size_t(levels[size_t(a)] * levels[size_t(b)]);
+    }
+  auto cell = [&](int a, int va, int b, int vb) -> char& {
+    if (a > b) std::swap(a, b), std::swap(va, vb);
+    return covered[size_t(a * F + b)][size_t(va * levels[size_t(b)] + vb)];
+  };
+  std::mt19937_64 rng(seed);
+  std::vector<std::vector<int>> rows;
+  while (remaining > 0) {
+    // An uncovered pair to build around.
+    int fa = -1, fb = -1, va = -1, vb = -1;
+    for (int a = 0; a < F && fa < 0; ++a)
+      for (int b = a + 1; b < F && fa < 0; ++b)
+        for (int x = 0; x < levels[size_t(a)] && fa < 0; ++x)
+          for (int y = 0; y < levels[size_t(b)] && fa < 0; ++y)
+            if (!cell(a, x, b, y)) fa = a, fb = b, va = x, vb = y;
+    std::vector<int> best;
+    int best_gain = -1;
+    for (int cand = 0; cand < 24; ++cand) {
+      std::vector<int> row(size_t(F), -1);
+      row[size_t(fa)] = va;
+      row[size_t(fb)] = vb;
+      std::vector<int> order;
+      for (int f = 0; f < F; ++f)
+        if (f != fa && f != fb) order.push_back(f);
+      for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[size_t(rng() % i)]);
+      for (int f : order) {
+        int bv = 0, bg = -1;
+        const int start = int(rng() % uint64_t(levels[size_t(f)]));
+        for (int k = 0; k < levels[size_t(f)]; ++k) {
+          const int v = (start + k) % levels[size_t(f)];
+          int g = 0;
+          for (int o = 0; o < F; ++o)
+            if (row[size_t(o)] >= 0 && !cell(f, v, o, row[size_t(o)])) ++g;
+          if (g > bg) bg = g, bv = v;
+        }
+        row[size_t(f)] = bv;
+      }
+      int gain = 0;
+      for (int a = 0; a < F; ++a)
+        for (int b = a + 1; b < F; ++b) gain += !cell(a, row[size_t(a)], b, row[size_t(b)]);
+      if (gain > best_gain) best_gain = gain, best = row;
+    }
+    for (int a = 0; a < F; ++a)
+      for (int b = a + 1; b < F; ++b) {
+        char& c = cell(a, best[size_t(a)], b, best[size_t(b)]);
+        if (!c) c = 1, --remaining;
+      }
+    rows.push_back(best);
+  }
+  return rows;
+}
+
+// The pairwise design over D, GQA, N, Lq, sinks, window, masks, K and V formats, T, B and Hkv.
+std::vector<Case> sweep_cases() {
+  const int D[] = {64, 96, 128, 256, 512};
+  const int rep[] = {1, 2, 4, 8};
+  const int N[] = {0, 1, 2, 3, 31, 33, 255, 1000};
+  const int Lq[] = {1, 3};
+  const int window[] = {0, 1, 7, 100};
+  const MaskKind masks[] = {MaskKind::none, MaskKind::u8, MaskKind::u32};
+  const int bits[] = {2, 4, 8};
+  const int groups[] = {32, 64, 128};
+  const int B[] = {1, 2};
+  const int Hkv[] = {1, 2, 3};
+  const std::vector<int> levels = {3, 5, 4, 8, 2, 2, 4, 3, 2, 3, 3, 3, 3, 2, 3};
+  std::vector<Case> out;
+  uint64_t seed = 1000;
+  for (const auto& r : pairwise(levels, 7)) {
+    Case c;
+    c.dtype = kTypes[r[0]];
+    c.D = D[r[1]];
+    c.Hkv = Hkv[r[14]];
+    c.Hq = rep[r[2]] * c.Hkv;
+    c.N = N[r[3]];
+    c.Lq = c.N > 0 ? std::min<int64_t>(Lq[r[4]], c.N) : Lq[r[4]];
+    c.sinks = r[5] != 0;
+    c.window = window[r[6]];
+    c.bool_mask = masks[r[7]];
+    c.float_mask = r[8] != 0;
+    c.kf = {bits[r[9]], groups[r[10]]};
+    c.vf = {bits[r[11]], groups[r[12]]};
+    if (c.D % c.kf.group) c.kf.group = 32;  // D = 96 takes groups of 32 only
+    if (c.D % c.vf.group) c.vf.group = 32;
+    c.B = B[r[13]];
+    c.seed = seed++;
+    out.push_back(c);
+  }
+  return out;
+}
+
+constexpr int kShards = 4;
+
+class CudaSweep : public ::testing::TestWithParam<int> {};
+
+}  // namespace
+
+TEST(CudaAttention, BitsGroupsTypesProduct) {
+  QSDPA_REQUIRE_CUDA();
+  uint64_t seed = 1;
+  for (DType t : kTypes)
+    for (int bits : {2, 4, 8})
+      for (int group : {32, 64, 128}) {
+        Case c;
+        c.dtype = t;
+        c.kf = c.vf = {bits, group};
+        c.B = 2, c.Hq = 8, c.Hkv = 2, c.Lq = 2, c.N = 77, c.D = 128;
+        c.sinks = (seed % 2) == 0;
+        c.seed = seed++;
+        EXPECT_EQ(test::run_cuda_case(c), "") << c.str();
+      }
+}
+
+TEST_P(CudaSweep, PairwiseDesign) {
+  QSDPA_REQUIRE_CUDA();
+  const auto cases = sweep_cases();
+  ASSERT_GE(cases.size(), 40u);
+  for (size_t i = size_t(GetParam()); i < cases.size(); i += kShards)
+    EXPECT_EQ(test::run_cuda_case(cases[i]), "") << "case " << i << ": " << cases[i].str();
+}
+INSTANTIATE_TEST_SUITE_P(Shards, CudaSweep, ::testing::Range(0, kShards));
+
+// ---- edge cases (SPEC section 3) ----------------------------------------------------------------
+namespace {
+
+// Runs a problem whose host buffers may have been edited; checks against the reference and, when
+// asked, that every output element is exactly zero.
+std::string run_problem(test::Problem& h, bool expect_zeros) {
+  test::DeviceProblem d(h);
+  const Status s = attention(d.params());
+  if (!s) return "attention failed: " + s.message;
+  if (std::string e = d.fetch(); !e.empty()) return e;
+  if (std::string e = d.check(); !e.empty()) return e;
+  if (expect_zeros)
+    for (size_t i = 0; i < h.out.size(); ++i)
+      if (h.out[i] != 0) return "byte " + std::to_string(i) + " of out is not zero";
+  return "";
+}
+
+Case base_case(DType t) {
+  Case c;
+  c.dtype = t;
+  c.B = 2, c.Hq = 4, c.Hkv = 2, c.Lq = 3, c.N = 300, c.D = 64;
+  return c;
+}
+
+}  // namespace
+
+TEST(CudaAttention, NoKeysGivesZeros) {
+  QSDPA_REQUIRE_CUDA();
+  for (DType t : kTypes)
+    for (bool sinks : {false, true})
+      for (int64_t lq : {1, 3}) {
+        Case c = base_case(t);
+        c.N = 0, c.Lq = lq, c.sinks = sinks;
+        test::Problem h(c);
+        EXPECT_EQ(run_problem(h, true), "") << c.str();
+      }
+}
+
+TEST(CudaAttention, EverythingMaskedGivesZeros) {
+  QSDPA_REQUIRE_CUDA();
+  for (DType t : kTypes)
+    for (int kind = 0; kind < 3; ++kind) {
+      Case c = base_case(t);
+      c.sinks = true;
+      c.bool_mask = kind == 0 ? MaskKind::u8 : kind == 1 ? MaskKind::u32 : MaskKind::none;
+      c.float_mask = kind == 2;
+      test::Problem h(c);
+      if (kind < 2) std::fill(h.bool_mask.begin(), h.bool_mask.end(), uint8_t(0));
+      else
+        for (int64_t i = 0; i < int64_t(h.float_mask.size() / test::tsize(t)); ++i)
+          detail::store_f32(h.float_mask.data(), t, i, -std::numeric_limits<float>::infinity());
+      EXPECT_EQ(run_problem(h, true), "") << c.str() << " kind=" << kind;
+    }
+}
+
+TEST(CudaAttention, LeadingNegativeInfinityInFloatMask) {
+  QSDPA_REQUIRE_CUDA();
+  for (DType t : kTypes)
+    for (int64_t lead : {1, 5, 64, 700}) {
+      Case c = base_case(t);
+      c.N = 1000, c.float_mask = true, c.sinks = lead % 2 == 1;
+      test::Problem h(c);
+      for (int64_t row = 0; row < c.B * c.Hq * c.Lq; ++row)
+        for (int64_t k = 0; k < lead; ++k)
+          detail::store_f32(h.float_mask.data(), t, row * c.N + k, -std::numeric_limits<float>::infinity());
+      EXPECT_EQ(run_problem(h, false), "") << c.str() << " lead=" << lead;
+    }
+}
+
+TEST(CudaAttention, FullyMaskedRowsWithSink) {
+  QSDPA_REQUIRE_CUDA();
+  for (DType t : kTypes) {
+    Case c = base_case(t);
+    c.sinks = true, c.bool_mask = MaskKind::u8;
+    test::Problem h(c);
+    for (int64_t row = 0; row < c.B * c.Hq * c.Lq; row += 2)  // every other row sees nothing
+      std::fill_n(h.bool_mask.begin() + row * c.N, c.N, uint8_t(0));
+    EXPECT_EQ(run_problem(h, false), "") << c.str();
+    const size_t row_bytes = size_t(c.D) * test::tsize(t);
+    for (int64_t row = 0; row < c.B * c.Hq * c.Lq; row += 2)
+      for (size_t i = 0; i < row_bytes; ++i) ASSERT_EQ(h.out[size_t(row) * row_bytes + i], 0) << "row " << row;
+  }
+}
+
+TEST(CudaAttention, Windows) {
+  QSDPA_REQUIRE_CUDA();
+  uint64_t seed = 50;
+  for (DType t : kTypes)
+    for (int64_t n : {5, 300, 2000})
+      for (int64_t w : {int64_t(1), int64_t(2), int64_t(100), n, n + 100}) {
+        Case c = base_case(t);
+        c.N = n, c.window = w, c.sinks = w % 2 == 0, c.seed = seed++;
+        EXPECT_EQ(test::run_cuda_case(c), "") << c.str();
+      }
+}
+
+TEST(CudaAttention, PrefillAndManyQueryRows) {
+  QSDPA_REQUIRE_CUDA();
+  uint64_t seed = 80;
+  for (DType t : kTypes) {
+    for (int64_t w : {0, 8}) {  // Lq = N: causal prefill
+      Case c = base_case(t);
+      c.N = 40, c.Lq = 40, c.window = w, c.Hq = 4, c.Hkv = 2, c.seed = seed++;
+      EXPECT_EQ(test::run_cuda_case(c), "") << c.str();
+    }
+    for (int64_t d : {64, 512}) {  // rep * Lq = 72 rows per KV head: several row tiles
+      Case c = base_case(t);
+      c.Hq = 16, c.Hkv = 2, c.Lq = 9, c.N = 600, c.D = d, c.sinks = true, c.bool_mask = MaskKind::u8,
+      c.seed = seed++;
+      EXPECT_EQ(test::run_cuda_case(c), "") << c.str();
+    }
+  }
+}
+
+TEST(CudaAttention, OtherHeadDimsAndMha) {
+  QSDPA_REQUIRE_CUDA();
+  uint64_t seed = 120;
+  for (DType t : kTypes) {
+    for (int64_t d : {32, 160, 384, 480})
+      for (int group : {32, 128}) {
+        if (d % group) continue;
+        Case c = base_case(t);
+        c.D = d, c.kf = {2, group}, c.vf = {8, 32}, c.seed = seed++;
+        EXPECT_EQ(test::run_cuda_case(c), "") << c.str();
+      }
+    Case c = base_case(t);  // multi-head attention: one query head per KV head
+    c.Hq = 16, c.Hkv = 16, c.Lq = 1, c.N = 513, c.D = 128, c.float_mask = true, c.seed = seed++;
+    EXPECT_EQ(test::run_cuda_case(c), "") << c.str();
+  }
+}
+
+TEST(CudaAttention, LongCacheManySplits) {
+  QSDPA_REQUIRE_CUDA();
+  Case c;
+  c.dtype = DType::f16, c.kf = c.vf = {4, 64};
+  c.B = 1, c.Hq = 8, c.Hkv = 2, c.Lq = 1, c.N = 50000, c.D = 128, c.sinks = true, c.seed = 7;
+  EXPECT_EQ(test::run_cuda_case(c), "") << c.str();
+  c.dtype = DType::bf16, c.kf = {8, 32}, c.vf = {4, 128}, c.Lq = 3, c.window = 3000, c.seed = 8;
+  EXPECT_EQ(test::run_cuda_case(c), "") << c.str();
+  c.dtype = DType::f32, c.kf = {2, 64}, c.vf = {8, 64}, c.Lq = 2, c.window = 0, c.N = 20000, c.D = 256,
+  c.Hq = 4, c.Hkv = 1, c.bool_mask = MaskKind::u32, c.seed = 9;
+  EXPECT_EQ(test::run_cuda_case(c), "") << c.str();
+}
+
+// Buffers at offsets that break 16-, 8- and 4-byte alignment (packed words at 4 bytes, T-typed
+// tensors at 2 bytes for f16/bf16): the kernels fall back to narrower copies.
+TEST(CudaAttention, MisalignedBuffers) {
+  QSDPA_REQUIRE_CUDA();
+  for (DType t : {DType::f16, DType::bf16, DType::f32}) {
+    Case c = base_case(t);
+    c.N = 333, c.sinks = true, c.float_mask = true, c.kf = {4, 32}, c.vf = {2, 64}, c.D = 128;
+    test::Problem h(c);
+    const size_t shift_t = test::tsize(t) == 2 ? 2 : 4;
+    std::vector<test::DeviceBuffer> keep;
+    auto place = [&](const void* src, size_t bytes, size_t shift) -> void* {
+      keep.emplace_back(bytes + 64);
+      char* p = keep.back().as<char>() + shift;
+      if (cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice) != cudaSuccess) return nullptr;
+      return p;
+    };
+    AttentionParams p = h.params(Backend::cuda);
+    p.q = place(h.q.data(), h.q.size(), shift_t);
+    p.k.packed = static_cast<const uint32_t*>(place(h.k.packed.data(), h.k.packed.size() * 4, 4));
+    p.k.scales = place(h.k.scales.data(), h.k.scales.size(), shift_t);
+    p.k.biases = place(h.k.biases.data(), h.k.biases.size(), shift_t);
+    p.v.packed = static_cast<const uint32_t*>(place(h.v.packed.data(), h.v.packed.size() * 4, 4));
+    p.v.scales = place(h.v.scales.data(), h.v.scales.size(), shift_t);
+    p.v.biases = place(h.v.biases.data(), h.v.biases.size(), shift_t);
+    p.sinks = static_cast<const float*>(place(h.sinks.data(), h.sinks.size() * 4, 4));
+    p.float_mask = place(h.float_mask.data(), h.float_mask.size(), shift_t);
+    std::vector<uint8_t> poison(h.out.size(), 0xff);
+    p.out = place(poison.data(), poison.size(), shift_t);
+    const Status s = attention(p);
+    ASSERT_TRUE(s.ok()) << s.message;
+    CUDA_ASSERT(cudaMemcpy(h.out.data(), p.out, h.out.size(), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(test::check_against_reference(h.params(Backend::reference), h.out.data()), "") << c.str();
+  }
+}
+
+// A small, varied set for compute-sanitizer (memcheck, racecheck, initcheck): every K/V bits,
+// several head dims and row tilings, masks, window, sinks, several splits, a caller workspace.
+TEST(CudaSanitize, Representative) {
+  QSDPA_REQUIRE_CUDA();
+  std::vector<Case> cases;
+  Case c;
+  c.dtype = DType::f16, c.kf = c.vf = {4, 64}, c.B = 1, c.Hq = 4, c.Hkv = 1, c.N = 600, c.D = 128, c.sinks = true;
+  cases.push_back(c);
+  c.dtype = DType::bf16, c.kf = {2, 32}, c.vf = {8, 32}, c.Hq = 6, c.Hkv = 2, c.Lq = 3, c.N = 700, c.D = 96,
+  c.window = 50, c.bool_mask = MaskKind::u8;
+  cases.push_back(c);
+  c = Case{};
+  c.dtype = DType::f32, c.kf = {8, 128}, c.vf = {2, 128}, c.Hq = 8, c.Hkv = 1, c.Lq = 2, c.N = 520, c.D = 512,
+  c.float_mask = true;
+  cases.push_back(c);
+  c = Case{};
+  c.dtype = DType::f16, c.kf = {2, 64}, c.vf = {2, 32}, c.Hq = 2, c.Hkv = 2, c.N = 33, c.D = 64,
+  c.bool_mask = MaskKind::u32;
+  cases.push_back(c);
+  for (const Case& cs : cases) EXPECT_EQ(test::run_cuda_case(cs), "") << cs.str();
+
+  // caller-provided workspace
+  test::Problem h(cases[0]);
+  test::DeviceProblem d(h);
+  AttentionParams p = d.params();
+  const size_t bytes = attention_workspace_size(p);
+  ASSERT_GT(bytes, 0u);
+  test::DeviceBuffer ws(bytes);
+  p.workspace = ws.get(), p.workspace_bytes = bytes;
+  const Status s = attention(p);
+  ASSERT_TRUE(s.ok()) << s.message;
+  ASSERT_EQ(d.fetch(), "");
+  EXPECT_EQ(d.check(), "");
+}

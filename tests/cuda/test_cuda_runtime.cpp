@@ -1,0 +1,214 @@
+// The CUDA backend's runtime behaviour: device queries, automatic backend choice, workspaces
+// (library-kept and caller-provided), streams without hidden synchronization, CUDA graph capture,
+// concurrent streams, and errors for memory the device cannot read.
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda/cuda_testutil.hpp"
+
+using namespace qsdpa;
+using test::Case;
+
+namespace {
+
+Case decode_case(uint64_t seed) {
+  Case c;
+  c.dtype = DType::f16, c.kf = c.vf = {4, 64};
+  c.B = 2, c.Hq = 8, c.Hkv = 2, c.Lq = 1, c.N = 3000, c.D = 128, c.sinks = true, c.seed = seed;
+  return c;
+}
+
+bool all_bytes(const std::vector<uint8_t>& v, uint8_t x) {
+  for (uint8_t b : v)
+    if (b != x) return false;
+  return true;
+}
+
+struct Stream {
+  cudaStream_t s = nullptr;
+  Stream() { cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking); }
+  ~Stream() { cudaStreamDestroy(s); }
+};
+
+}  // namespace
+
+TEST(CudaRuntime, AvailableAndDescribed) {
+  QSDPA_REQUIRE_CUDA();
+  EXPECT_TRUE(backend_built(Backend::cuda));
+  const std::string info = device_info();
+  EXPECT_NE(info.find("cuda:0:"), std::string::npos) << info;
+  EXPECT_NE(build_info().find("cuda"), std::string::npos);
+}
+
+TEST(CudaRuntime, AutomaticPicksCudaForDeviceData) {
+  QSDPA_REQUIRE_CUDA();
+  test::Problem h(decode_case(1));
+  test::DeviceProblem d(h);
+  AttentionParams p = d.params();
+  p.backend = Backend::automatic;
+  const Status s = attention(p);
+  ASSERT_TRUE(s.ok()) << s.message;
+  EXPECT_EQ(s.backend, Backend::cuda);
+  ASSERT_EQ(d.fetch(), "");
+  EXPECT_EQ(d.check(), "");
+}
+
+TEST(CudaRuntime, CallerWorkspace) {
+  QSDPA_REQUIRE_CUDA();
+  test::Problem h(decode_case(2));
+  test::DeviceProblem d(h);
+  AttentionParams p = d.params();
+  const size_t bytes = attention_workspace_size(p);
+  ASSERT_GT(bytes, 0u);
+
+  // Too small: an error naming workspace_bytes, and nothing written.
+  test::DeviceBuffer ws(bytes + 64);
+  p.workspace = ws.get();
+  p.workspace_bytes = bytes - 1;
+  Status s = attention(p);
+  EXPECT_EQ(s.code, StatusCode::invalid_argument);
+  EXPECT_NE(s.message.find("workspace_bytes"), std::string::npos) << s.message;
+  ASSERT_EQ(d.fetch(), "");
+  EXPECT_TRUE(all_bytes(h.out, 0xff)) << "out was written by a failing call";
+
+  // Exactly the size asked for, at an address that is only 4-byte aligned.
+  p.workspace = ws.as<char>() + 4;
+  p.workspace_bytes = bytes;
+  s = attention(p);
+  ASSERT_TRUE(s.ok()) << s.message;
+  ASSERT_EQ(d.fetch(), "");
+  EXPECT_EQ(d.check(), "");
+
+  // No workspace needed without keys.
+  AttentionParams empty = p;
+  empty.N = 0;
+  EXPECT_EQ(attention_workspace_size(empty), 0u);
+}
+
+TEST(CudaRuntime, GrowingLibraryWorkspace) {
+  QSDPA_REQUIRE_CUDA();
+  Stream st;
+  for (int64_t n : {100, 5000, 60000, 700}) {  // each larger problem grows the stream's buffer
+    Case c = decode_case(uint64_t(n));
+    c.N = n;
+    AttentionParams o{};
+    o.stream = st.s;
+    EXPECT_EQ(test::run_cuda_case(c, &o), "") << c.str();
+  }
+}
+
+// The call returns while the stream is still blocked behind earlier work: nothing in it waits.
+TEST(CudaRuntime, NoHiddenSynchronization) {
+  QSDPA_REQUIRE_CUDA();
+  Stream st;
+  test::Problem h(decode_case(3));
+  test::DeviceProblem d(h);
+  AttentionParams p = d.params();
+  p.stream = st.s;
+  ASSERT_TRUE(attention(p).ok());  // the first call may grow the stream's workspace
+  CUDA_ASSERT(cudaStreamSynchronize(st.s));
+  d.poison();
+
+  auto sleep_ms = [](void* ms) { std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<int*>(ms))); };
+  static int block_ms = 400;
+  CUDA_ASSERT(cudaLaunchHostFunc(st.s, sleep_ms, &block_ms));
+  const auto t0 = std::chrono::steady_clock::now();
+  const Status s = attention(p);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(s.ok()) << s.message;
+  EXPECT_LT(ms, 200.0) << "attention() waited for the stream";
+  CUDA_ASSERT(cudaStreamSynchronize(st.s));
+  ASSERT_EQ(d.fetch(), "");
+  EXPECT_EQ(d.check(), "");
+}
+
+TEST(CudaRuntime, GraphCaptureWithWorkspace) {
+  QSDPA_REQUIRE_CUDA();
+  Stream st;
+  Case c = decode_case(4);
+  c.bool_mask = test::MaskKind::u8, c.window = 2000, c.Lq = 2;
+  test::Problem h(c);
+  test::DeviceProblem d(h);
+  AttentionParams p = d.params();
+  p.stream = st.s;
+  const size_t bytes = attention_workspace_size(p);
+  test::DeviceBuffer ws(bytes);
+  p.workspace = ws.get(), p.workspace_bytes = bytes;
+
+  cudaGraph_t graph = nullptr;
+  CUDA_ASSERT(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeGlobal));
+  const Status s = attention(p);
+  const cudaError_t end = cudaStreamEndCapture(st.s, &graph);
+  ASSERT_TRUE(s.ok()) << s.message;
+  CUDA_ASSERT(end);
+  cudaGraphExec_t exec = nullptr;
+  CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 2; ++replay) {
+    d.poison();
+    CUDA_ASSERT(cudaGraphLaunch(exec, st.s));
+    CUDA_ASSERT(cudaStreamSynchronize(st.s));
+    ASSERT_EQ(d.fetch(), "");
+    EXPECT_EQ(d.check(), "") << "replay " << replay;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+// Without a workspace, a stream whose library buffer is too small cannot be captured: the call
+// says to pass one, and leaves the capture intact.
+TEST(CudaRuntime, GraphCaptureWithoutWorkspaceIsAnError) {
+  QSDPA_REQUIRE_CUDA();
+  Stream st;  // a fresh stream: the library holds no buffer for it yet
+  test::Problem h(decode_case(5));
+  test::DeviceProblem d(h);
+  AttentionParams p = d.params();
+  p.stream = st.s;
+  cudaGraph_t graph = nullptr;
+  CUDA_ASSERT(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeGlobal));
+  const Status s = attention(p);
+  const cudaError_t end = cudaStreamEndCapture(st.s, &graph);
+  EXPECT_EQ(s.code, StatusCode::invalid_argument);
+  EXPECT_NE(s.message.find("workspace"), std::string::npos) << s.message;
+  EXPECT_EQ(end, cudaSuccess) << cudaGetErrorString(end);
+  if (graph) cudaGraphDestroy(graph);
+}
+
+// Two streams at once, each with its own library workspace.
+TEST(CudaRuntime, ConcurrentStreams) {
+  QSDPA_REQUIRE_CUDA();
+  Stream s1, s2;
+  Case c1 = decode_case(6), c2 = decode_case(7);
+  c2.dtype = DType::bf16, c2.N = 4500, c2.D = 64;
+  test::Problem h1(c1), h2(c2);
+  test::DeviceProblem d1(h1), d2(h2);
+  AttentionParams p1 = d1.params(), p2 = d2.params();
+  p1.stream = s1.s, p2.stream = s2.s;
+  for (int round = 0; round < 3; ++round) {
+    d1.poison(), d2.poison();
+    ASSERT_TRUE(attention(p1).ok());
+    ASSERT_TRUE(attention(p2).ok());
+    ASSERT_EQ(d1.fetch(), "");
+    ASSERT_EQ(d2.fetch(), "");
+    EXPECT_EQ(d1.check(), "") << "round " << round;
+    EXPECT_EQ(d2.check(), "") << "round " << round;
+  }
+}
+
+TEST(CudaRuntime, HostMemoryIsRejected) {
+  QSDPA_REQUIRE_CUDA();
+  int pageable = 0;
+  CUDA_ASSERT(cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, 0));
+  if (pageable) GTEST_SKIP() << "this device reads pageable host memory";
+  test::Problem h(decode_case(8));
+  test::DeviceProblem d(h);
+  AttentionParams p = d.params();
+  p.k.scales = h.k.scales.data();  // host memory
+  const Status s = attention(p);
+  EXPECT_EQ(s.code, StatusCode::invalid_argument);
+  EXPECT_NE(s.message.find("k.scales"), std::string::npos) << s.message;
+  ASSERT_EQ(d.fetch(), "");
+  EXPECT_TRUE(all_bytes(h.out, 0xff)) << "out was written by a failing call";
+}
