@@ -34,11 +34,18 @@ namespace {
 
 using cuda::AttnArgs;
 
-// Split-K plan: each split covers at least this many tokens, so that the partials (rows * D
-// floats per split) stay small next to the cache the split reads.
-constexpr int64_t kMinSplitTokens = 256;
-// Blocks to aim for per multiprocessor: two waves keep every SM busy through the tail.
-constexpr int64_t kWavesPerSm = 2;
+// Split-K plan. Each split covers at least this many tokens (the tensor-core kernel: one 32-token
+// tile per warp; the generic kernel: a few of its shared-memory tiles) ...
+constexpr int64_t kMinSplitTokensMma = 128;
+constexpr int64_t kMinSplitTokensGeneric = 256;
+// ... and reads at least this many times the bytes of the partials it writes (rows * (D + 2)
+// floats), so that the partials stay small next to the cache.
+constexpr int64_t kPartialsRatio = 4;
+// Per-block cost that does not scale with the tokens (queries, pipeline fill, merge, partials),
+// in tokens, for the choice between one long wave and several short ones.
+constexpr int64_t kBlockOverheadTokens = 128;
+// Most splits the planner considers.
+constexpr int64_t kMaxSplits = 4096;
 
 Status error(StatusCode c, std::string msg) { return make_status(c, std::move(msg), Backend::cuda); }
 
@@ -177,27 +184,62 @@ bool use_tensor_cores(const AttnArgs& a) {
 #endif
 }
 
-// Fills num_splits, chunk and t_begin (N > 0). Independent work units are (b, KV head) pairs, times
-// the generic kernel's query-row tiles; splits are added until there are about two blocks per SM.
+// Fills num_splits, chunk and t_begin (N > 0).
+//
+// Independent work units are (b, KV head, query-row tile) triples; a block handles one unit's
+// split. The model: a block runs at about the same speed whether its multiprocessor holds 2 or 3
+// of them (the tensor-core kernel on an H200, B = 8, Hkv = 8, N = 32768: one wave of 384 blocks
+// of 5504 tokens beat 320 blocks of 6656, 512 of 4096 and 768 of 2816 by 10-25 %), so the time is
+// about waves x (tokens per block + a fixed cost), with waves = ceil(blocks / (SMs x blocks per
+// SM)) from the kernel's occupancy. The plan takes the number of splits that minimizes it (the
+// fewest on a tie): one full wave when the (b, KV head) pairs are few, a whole number of waves
+// otherwise.
 Plan make_plan(AttnArgs& a, int sms, bool allow_mma = true) {
   Plan plan;
   plan.use_mma = allow_mma && use_tensor_cores(a);
-  int64_t tile = cuda::kGenericTokenTile;
-  int64_t units = a.B * a.Hkv;
+  int64_t tile = cuda::kGenericTokenTile, min_tokens = kMinSplitTokensGeneric, units = a.B * a.Hkv;
+  int per_sm = 1;
 #if QSDPA_HAVE_MMA
-  if (plan.use_mma) tile = std::max(1, cuda::mma_token_tile(a));
+  if (plan.use_mma) {
+    tile = std::max(1, cuda::mma_token_tile(a));
+    min_tokens = kMinSplitTokensMma;
+    units *= cuda::mma_row_tiles(a);
+    per_sm = cuda::mma_blocks_per_sm(a);
+  }
 #endif
-  if (!plan.use_mma) units *= cuda::generic_row_tiles(a);
+  if (!plan.use_mma) {
+    units *= cuda::generic_row_tiles(a);
+    per_sm = cuda::generic_blocks_per_sm(a);
+  }
+  // Bytes per token of K and V (packed words, scales and biases) and of one split's partials.
+  const int64_t tsz = a.dtype == int(DType::f32) ? 4 : 2;
+  const int64_t token_bytes = a.D * (a.k_bits + a.v_bits) / 8 + (a.D / a.k_group + a.D / a.v_group) * 2 * tsz;
+  const int64_t partial_bytes = (a.Hq / a.Hkv) * a.Lq * (a.D + 2) * 4;
+  min_tokens = std::max(min_tokens, kPartialsRatio * partial_bytes / std::max<int64_t>(1, token_bytes));
+  min_tokens = (min_tokens + tile - 1) / tile * tile;
+
   // Tokens before t_begin are outside every row's window (the first row sits at N - Lq).
   a.t_begin = a.window > 0 ? std::max<int64_t>(0, a.N - a.Lq - a.window + 1) : 0;
   const int64_t span = a.N - a.t_begin;
-  const int64_t want = (kWavesPerSm * sms + units - 1) / units;
-  const int64_t most = std::max<int64_t>(1, span / kMinSplitTokens);
-  const int64_t splits = std::clamp<int64_t>(want, 1, most);
-  int64_t chunk = (span + splits - 1) / splits;
-  chunk = (chunk + tile - 1) / tile * tile;
-  a.chunk = chunk;
-  a.num_splits = int((span + chunk - 1) / chunk);
+  const int64_t slots = std::max<int64_t>(1, int64_t(sms) * std::max(1, per_sm));
+  const int64_t most = std::clamp<int64_t>(span / min_tokens, 1, kMaxSplits);
+  int64_t best_chunk = 0, best_cost = -1;
+  for (int64_t want = 1; want <= most; ++want) {
+    int64_t chunk = (span + want - 1) / want;
+    chunk = (chunk + tile - 1) / tile * tile;
+    const int64_t splits = (span + chunk - 1) / chunk;
+    if (splits != want) continue;  // the same plan as a smaller want
+    const int64_t waves = (units * splits + slots - 1) / slots;
+    // (waves * chunk is about B * Hkv * row tiles * N / slots: far from overflowing)
+    const int64_t cost = waves * (chunk + kBlockOverheadTokens);
+    if (best_cost < 0 || cost < best_cost) best_cost = cost, best_chunk = chunk;
+    // Every larger want costs at least units * (span + want * overhead) / slots: stop when that
+    // reaches the best so far.
+    if ((units * (span + (want + 1) * kBlockOverheadTokens)) / slots >= best_cost) break;
+  }
+  if (best_cost < 0) best_chunk = (span + tile - 1) / tile * tile;  // (want = 1 always qualifies)
+  a.chunk = best_chunk;
+  a.num_splits = int((span + best_chunk - 1) / best_chunk);
   plan.workspace = cuda::partials_bytes(a.B * a.Hq * a.Lq, a.D, a.num_splits);
   return plan;
 }
@@ -347,6 +389,7 @@ size_t cuda_attention_workspace_size(const AttentionParams& p) {
   }
   DeviceFacts f;
   if (!device_facts(dev, &f)) return 0;
+  DeviceGuard guard(dev);  // the occupancy queries of the plan ask the current device
   AttnArgs a = make_args(p);
   return make_plan(a, f.sms).workspace;
 }

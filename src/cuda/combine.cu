@@ -21,8 +21,16 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
   const bool active = d0 < D;
   const bool vec_out = a.dtype == kF32 && (reinterpret_cast<uintptr_t>(a.out) & 15) == 0;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    // The loops over the splits are unrolled and free of branches around their loads, so that
+    // several splits' loads are in flight at once: with many short splits (small problems) the
+    // combine is a chain of L2 round trips otherwise.
+    const float* pm = a.part_m + row;
+    const float* pl = a.part_l + row;
+    const float* po = a.part_o + row * D + d0;
+    const int64_t so = rows * D;
     float mx = -INFINITY;
-    for (int s = 0; s < S; ++s) mx = fmaxf(mx, a.part_m[int64_t(s) * rows + row]);
+#pragma unroll 8
+    for (int s = 0; s < S; ++s) mx = fmaxf(mx, pm[int64_t(s) * rows]);
     float r[4] = {0.f, 0.f, 0.f, 0.f};
     if (mx != -INFINITY) {  // some key is visible
       float denom = 0.f;
@@ -31,17 +39,20 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
         mx = fmaxf(mx, sink);
         denom = expf(sink - mx);
       }
-      for (int s = 0; s < S; ++s) {
-        const float m = a.part_m[int64_t(s) * rows + row];
-        if (m == -INFINITY) continue;  // no visible key in this split: its o is not read
-        const float w = expf(m - mx);
-        denom = fmaf(w, a.part_l[int64_t(s) * rows + row], denom);
-        if (active) {
-          const float4 o = *reinterpret_cast<const float4*>(a.part_o + (int64_t(s) * rows + row) * D + d0);
-          r[0] = fmaf(w, o.x, r[0]);
-          r[1] = fmaf(w, o.y, r[1]);
-          r[2] = fmaf(w, o.z, r[2]);
-          r[3] = fmaf(w, o.w, r[3]);
+      if (active) {  // (a thread past D only takes part in the max)
+#pragma unroll 8
+        for (int s = 0; s < S; ++s) {
+          const float m = pm[int64_t(s) * rows], l = pl[int64_t(s) * rows];
+          // no visible key in this split: its o (possibly never written) is not read
+          const bool vis = m != -INFINITY;
+          float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+          if (vis) o = *reinterpret_cast<const float4*>(po + int64_t(s) * so);
+          const float w = vis ? expf(m - mx) : 0.f;
+          denom = vis ? fmaf(w, l, denom) : denom;
+          r[0] = vis ? fmaf(w, o.x, r[0]) : r[0];
+          r[1] = vis ? fmaf(w, o.y, r[1]) : r[1];
+          r[2] = vis ? fmaf(w, o.z, r[2]) : r[2];
+          r[3] = vis ? fmaf(w, o.w, r[3]) : r[3];
         }
       }
       const float inv = 1.f / denom;

@@ -21,6 +21,9 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "common.cuh"
 #include "kernels.cuh"
@@ -287,10 +290,25 @@ __global__ void __launch_bounds__(kThreads) generic_attention_kernel(const AttnA
   issue_tile(a, g, bh, t_lo, int(min(int64_t(g.tile), t_hi - t_lo)), stages, tid);
 
   // Queries, pre-scaled by scale * log2(e) so that the softmax runs on exp2.
+  // Loaded kQBatch per thread at a time, then stored: a few memory latencies for the block rather
+  // than one per element (the shared-memory stores could otherwise be ordered between the loads).
   const float qscale = a.scale * kLog2e;
-  for (int e = tid; e < g.rows_pad * D; e += kThreads) {
-    const int r = e / D, d = e - r * D;
-    q_s[d * g.rows_pad + r] = r < nrows ? load_t(a.q, a.dtype, (row0 + r) * D + d) * qscale : 0.f;
+  {
+    constexpr int kQBatch = 8;
+    const int total = g.rows_pad * D;
+    for (int e0 = tid; e0 < total; e0 += kQBatch * kThreads) {
+      float v[kQBatch];
+#pragma unroll
+      for (int k = 0; k < kQBatch; ++k) {
+        const int e = e0 + k * kThreads, r = e / D, d = e - r * D;
+        v[k] = e < total && r < nrows ? load_t(a.q, a.dtype, (row0 + r) * D + d) : 0.f;
+      }
+#pragma unroll
+      for (int k = 0; k < kQBatch; ++k) {
+        const int e = e0 + k * kThreads, r = e / D, d = e - r * D;
+        if (e < total) q_s[d * g.rows_pad + r] = r < nrows ? v[k] * qscale : 0.f;
+      }
+    }
   }
   for (int e = tid; e < g.tok_parts * g.rows_pad * D; e += kThreads) o_s[e] = 0.f;
   for (int r = tid; r < g.rows_pad; r += kThreads) {
@@ -392,6 +410,9 @@ __global__ void __launch_bounds__(kThreads) generic_attention_kernel(const AttnA
         for (int j = lane; j < nt; j += 32) sr[j] = 0.f;
       }
       sum = warp_sum(sum);
+      // Every lane has read m_s[r] above; order those reads before lane 0's writes
+      // (the shuffles of warp_sum do not count as a barrier for compute-sanitizer's racecheck).
+      __syncwarp();
       if (lane == 0) {
         m_s[r] = m_new;
         l_s[r] = l_s[r] * alpha + sum;
@@ -454,30 +475,61 @@ KernelFn pick(int rpt) {
   return generic_attention_kernel<4>;
 }
 
+// Opts the kernel of geometry g in to more than 48 KB of shared memory when it needs it, once per
+// kernel and device (with the most any geometry uses), so that later calls, and calls under graph
+// capture, make no attribute call.
+cudaError_t opt_in(const Geometry& g, KernelFn k) {
+  if (g.smem_bytes <= kDefaultSmem) return cudaSuccess;
+  int dev = 0;
+  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  static std::atomic<uint64_t> opted[3];
+  std::atomic<uint64_t>& bits = opted[g.rpt == 1 ? 0 : g.rpt == 2 ? 1 : 2];
+  const uint64_t bit = uint64_t(1) << (dev & 63);
+  if (!(bits.load(std::memory_order_acquire) & bit) || dev >= 64) {
+    if (cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem);
+        e != cudaSuccess)
+      return e;
+    bits.fetch_or(bit, std::memory_order_acq_rel);
+  }
+  return cudaSuccess;
+}
+
 }  // namespace
 
 int64_t generic_row_tiles(const AttnArgs& a) { return make_geometry(a).row_tiles; }
+
+int generic_blocks_per_sm(const AttnArgs& a) {
+  const Geometry g = make_geometry(a);
+  if (g.smem_bytes > kMaxSmem) return 1;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 1;
+  }
+  // Queried once per (device, kernel, shared memory bytes).
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, int>, int> cache;
+  const auto key = std::make_tuple(dev, g.rpt, g.smem_bytes);
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  const KernelFn k = pick(g.rpt);
+  int n = 0;
+  if (opt_in(g, k) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kThreads, size_t(g.smem_bytes)) != cudaSuccess) {
+    cudaGetLastError();
+    return 1;  // not cached: asked again next time
+  }
+  n = std::max(n, 1);
+  cache[key] = n;
+  return n;
+}
 
 cudaError_t generic_launch(const AttnArgs& a, cudaStream_t s) {
   const Geometry g = make_geometry(a);
   const int64_t blocks = int64_t(a.num_splits) * a.B * a.Hkv * g.row_tiles;
   if (blocks < 1 || blocks > INT_MAX || g.smem_bytes > kMaxSmem) return cudaErrorInvalidConfiguration;
   const KernelFn k = pick(g.rpt);
-  if (g.smem_bytes > kDefaultSmem) {
-    // Opt in to more than 48 KB once per kernel and device (with the most any geometry uses), so
-    // that later calls, and calls under graph capture, make no attribute call.
-    int dev = 0;
-    if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
-    static std::atomic<uint64_t> opted[3];
-    std::atomic<uint64_t>& bits = opted[g.rpt == 1 ? 0 : g.rpt == 2 ? 1 : 2];
-    const uint64_t bit = uint64_t(1) << (dev & 63);
-    if (!(bits.load(std::memory_order_acquire) & bit) || dev >= 64) {
-      if (cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem);
-          e != cudaSuccess)
-        return e;
-      bits.fetch_or(bit, std::memory_order_acq_rel);
-    }
-  }
+  if (cudaError_t e = opt_in(g, k); e != cudaSuccess) return e;
   k<<<unsigned(blocks), kThreads, size_t(g.smem_bytes), s>>>(a, g);
   return cudaGetLastError();
 }

@@ -22,6 +22,10 @@ int64_t generic_row_tiles(const AttnArgs& a);
 // covering [a.t_begin + s * a.chunk, a.t_begin + (s + 1) * a.chunk) clipped to [0, N).
 cudaError_t generic_launch(const AttnArgs& a, cudaStream_t s);
 
+// Blocks of the generic kernel for this problem that one multiprocessor holds at once (occupancy
+// query on the current device, cached; 1 when the query fails).
+int generic_blocks_per_sm(const AttnArgs& a);
+
 // ---- combine (combine.cu) ---------------------------------------------------------------------
 // Merges the partials of every split, adds the sink, writes zeros for rows with no visible key and
 // rounds to T: every element of a.out is written.

@@ -13,6 +13,7 @@
 // by more than kTau, 2^kTau bounding p).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 #include "mma_format.cuh"
@@ -78,12 +79,16 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? 2 : 3) at
   extern __shared__ __align__(16) uint8_t smem[];
 
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
-  const int64_t bh = blockIdx.x;
-  const int split = int(blockIdx.y);
-  const int64_t b = bh / a.Hkv, kvh = bh - b * a.Hkv;
   const int64_t N = a.N;
   const int rep = int(a.Hq / a.Hkv), Lq = int(a.Lq), R = rep * Lq;
-  const int r0 = int(blockIdx.z) * kRT, nrows = min(kRT, R - r0);
+  // blockIdx.x = (b * Hkv + kv head) * row tiles + row tile: the row tiles of one (b, kv head,
+  // split) are neighbours in launch order, so they run together and share the cache reads in L2.
+  const int row_tiles = (R + kRT - 1) / kRT;
+  const int64_t bh = int64_t(blockIdx.x) / row_tiles;
+  const int rtile = int(int64_t(blockIdx.x) - bh * row_tiles);
+  const int split = int(blockIdx.y);
+  const int64_t b = bh / a.Hkv, kvh = bh - b * a.Hkv;
+  const int r0 = rtile * kRT, nrows = min(kRT, R - r0);
   const int G = a.k_group, ng = D / G, lbpg = G == 32 ? 0 : G == 64 ? 1 : 2, bpg_mask = (1 << lbpg) - 1;
   const int64_t rows_total = a.B * a.Hq * a.Lq;
 
@@ -170,10 +175,20 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? 2 : 3) at
     return (b * a.Hq + kvh * rep + hl) * a.Lq + i;
   };
   {
+    // All loads first, then the stores: one memory latency for the block, not one per element
+    // (the generic stores could otherwise alias the loads and serialize them).
     const uint16_t* q16 = static_cast<const uint16_t*>(a.q);
-    for (int idx = tid; idx < kRT * D; idx += kWarps * 32) {
-      const int lr = idx / D, d = idx - lr * D;
-      qf[idx] = lr < nrows ? Y::to_f32(q16[qrow_of(lr) * D + d]) : 0.0f;
+    constexpr int kQPer = (kRT * D + kWarps * 32 - 1) / (kWarps * 32);
+    uint16_t qv[kQPer];
+#pragma unroll
+    for (int k = 0; k < kQPer; ++k) {
+      const int idx = tid + k * kWarps * 32, lr = idx / D, d = idx - lr * D;
+      qv[k] = idx < kRT * D && lr < nrows ? __ldg(q16 + (qrow_of(lr) * D + d)) : uint16_t(0);
+    }
+#pragma unroll
+    for (int k = 0; k < kQPer; ++k) {
+      const int idx = tid + k * kWarps * 32;
+      if (idx < kRT * D) qf[idx] = Y::to_f32(qv[k]);
     }
     if (tid < kRT) {
       const int r = r0 + tid;
@@ -182,6 +197,11 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? 2 : 3) at
     }
     __syncthreads();
     for (int lr = warp; lr < kRT; lr += kWarps) {
+      if (lr >= nrows) {  // a padding row (all zeros): what the reductions below would give
+        for (int k = lane; k < kNGMax; k += 32) qc[lr * kNGMax + k] = qo[lr * kNGMax + k] = 0.0f;
+        if (lane == 0) rowc[lr] = a.scale * kLog2e / F::kKappa;
+        continue;
+      }
       float amax = 0.0f;
       for (int d = lane; d < D; d += 32) amax = fmaxf(amax, fabsf(qf[lr * D + d]));
 #pragma unroll
@@ -557,16 +577,25 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? 2 : 3) at
   }
 }
 
-// Launches one instantiation: grid (B * Hkv, num_splits, query-row tiles of 8 * NT).
+// Launches one instantiation: grid (B * Hkv * query-row tiles of 8 * NT, num_splits).
 template <class T, int BITS, int D, int NT, bool KDEN, int STAGES>
 cudaError_t launch(const AttnArgs& a, cudaStream_t stream) {
   using S = Shape<T, BITS, D, NT, KDEN, STAGES>;
   auto* kern = attention_kernel<T, BITS, D, NT, KDEN, STAGES>;
-  if (cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
-      e != cudaSuccess)
-    return e;
-  const int64_t R = a.Hq / a.Hkv * a.Lq;
-  const dim3 grid(unsigned(a.B * a.Hkv), unsigned(a.num_splits), unsigned((R + S::kRT - 1) / S::kRT));
+  // The shared-memory opt-in, once per device (devices 0..63; others ask on every launch).
+  static std::atomic<uint64_t> opted{0};
+  int dev = 0;
+  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
+  if (!(opted.load(std::memory_order_acquire) & bit)) {
+    if (cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
+        e != cudaSuccess)
+      return e;
+    opted.fetch_or(bit, std::memory_order_acq_rel);
+  }
+  const int64_t R = a.Hq / a.Hkv * a.Lq, row_tiles = (R + S::kRT - 1) / S::kRT;
+  if (a.B * a.Hkv * row_tiles > int64_t(INT32_MAX)) return cudaErrorInvalidValue;
+  const dim3 grid(unsigned(a.B * a.Hkv * row_tiles), unsigned(a.num_splits), 1u);
   kern<<<grid, kWarps * 32, S::kSmem, stream>>>(a);
   return cudaGetLastError();
 }

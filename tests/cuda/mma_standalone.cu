@@ -86,7 +86,8 @@ __global__ void combine_kernel(AttnArgs a, int64_t rows) {
 using LaunchFn = cudaError_t (*)(const AttnArgs&, cudaStream_t);
 LaunchFn variant(const std::string& name) {
   using namespace cuda::mmak;
-  // key codes magic (mag) instead of subnormal; copy ring of 2 or 4 stages instead of 3
+  // key codes magic (mag) instead of subnormal; copy ring of 2 or 4 stages instead of 3 (the
+  // library now runs 2 stages: attention_mma.cu, kStages)
   if (name == "mag_f16_4_128_1") return launch<__half, 4, 128, 1, false, 3>;
   if (name == "mag_f16_4_128_2") return launch<__half, 4, 128, 2, false, 3>;
   if (name == "mag_f16_8_128_1") return launch<__half, 8, 128, 1, false, 3>;
