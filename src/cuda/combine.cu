@@ -3,9 +3,12 @@
 // with or without a sink (SPEC section 3). Every element of `out` is written.
 //
 // One block per row (grid-strided); each thread owns 4 consecutive elements of D, so the o
-// partials of one split are read as coalesced 16-byte loads. The partials are small next to the
-// cache (num_splits * rows * (D + 2) floats), so the per-row scalars are simply re-read from L1.
+// partials of one split are read as coalesced 16-byte loads. The per-split scalars (m, l) are read
+// 32 splits at a time, one per lane, and broadcast with shuffles: a decode call has many short
+// splits, and the combine is a chain of L2 round trips when each thread walks the splits' scalars
+// one after another (it sits on the critical path of every call, after the attention kernel).
 #include <algorithm>
+#include <atomic>
 
 #include "common.cuh"
 #include "kernels.cuh"
@@ -16,38 +19,58 @@ namespace {
 constexpr int64_t kMaxBlocks = 1 << 20;
 
 __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched as a programmatic dependent of the attention kernel (combine_launch): wait for it to
+  // finish and its partials to be visible. (A no-op when launched the ordinary way.)
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
   const int D = int(a.D), S = a.num_splits;
+  const int lane = int(threadIdx.x) & 31;
   const int d0 = int(threadIdx.x) * 4;
   const bool active = d0 < D;
   const bool vec_out = a.dtype == kF32 && (reinterpret_cast<uintptr_t>(a.out) & 15) == 0;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    // The loops over the splits are unrolled and free of branches around their loads, so that
-    // several splits' loads are in flight at once: with many short splits (small problems) the
-    // combine is a chain of L2 round trips otherwise.
     const float* pm = a.part_m + row;
     const float* pl = a.part_l + row;
     const float* po = a.part_o + row * D + d0;
     const int64_t so = rows * D;
+    // The max over the splits: lane j reads split s0 + j (every warp of the block does the same).
     float mx = -INFINITY;
-#pragma unroll 8
-    for (int s = 0; s < S; ++s) mx = fmaxf(mx, pm[int64_t(s) * rows]);
+    for (int s0 = 0; s0 < S; s0 += 32) {
+      const int s = s0 + lane;
+      if (s < S) mx = fmaxf(mx, pm[int64_t(s) * rows]);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
     float r[4] = {0.f, 0.f, 0.f, 0.f};
-    if (mx != -INFINITY) {  // some key is visible
+    if (mx != -INFINITY) {  // some key is visible (mx is the same in every lane)
       float denom = 0.f;
       if (a.sinks) {
         const float sink = a.sinks[(row / a.Lq) % a.Hq];
         mx = fmaxf(mx, sink);
         denom = expf(sink - mx);
       }
-      if (active) {  // (a thread past D only takes part in the max)
-#pragma unroll 8
-        for (int s = 0; s < S; ++s) {
-          const float m = pm[int64_t(s) * rows], l = pl[int64_t(s) * rows];
-          // no visible key in this split: its o (possibly never written) is not read
-          const bool vis = m != -INFINITY;
+      for (int s0 = 0; s0 < S; s0 += 32) {
+        // lane j's split: its weight and l (0 when it sees no key: its o, possibly never
+        // written, is not read)
+        const int sj = s0 + lane;
+        float mj = -INFINITY, lj = 0.f;
+        if (sj < S) {
+          mj = pm[int64_t(sj) * rows];
+          lj = pl[int64_t(sj) * rows];
+        }
+        const bool visj = mj != -INFINITY;
+        const float wj = visj ? expf(mj - mx) : 0.f;
+        const int n = min(32, S - s0);
+        // Every lane runs the loop (the shuffles need the whole warp); the splits in order, as
+        // a sequential sum, with the loads of several splits in flight at once.
+#pragma unroll 16
+        for (int k = 0; k < n; ++k) {
+          const float w = __shfl_sync(0xffffffffu, wj, k);
+          const float l = __shfl_sync(0xffffffffu, lj, k);
+          const bool vis = __shfl_sync(0xffffffffu, visj ? 1 : 0, k) != 0;
           float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-          if (vis) o = *reinterpret_cast<const float4*>(po + int64_t(s) * so);
-          const float w = vis ? expf(m - mx) : 0.f;
+          if (vis && active) o = *reinterpret_cast<const float4*>(po + int64_t(s0 + k) * so);
           denom = vis ? fmaf(w, l, denom) : denom;
           r[0] = vis ? fmaf(w, o.x, r[0]) : r[0];
           r[1] = vis ? fmaf(w, o.y, r[1]) : r[1];
@@ -76,6 +99,42 @@ cudaError_t combine_launch(const AttnArgs& a, cudaStream_t s) {
   const int64_t rows = a.B * a.Hq * a.Lq;
   const int threads = std::max(32, int((a.D / 4 + 31) / 32 * 32));
   const int64_t blocks = std::min(rows, kMaxBlocks);
+  // Once per device (devices 0..63): the same shared-memory carveout as the attention kernels
+  // (max shared), so that the multiprocessors need not switch their L1 / shared split between
+  // the two launches of a call.
+  // Devices of compute capability 9.0 and newer also launch it as a programmatic dependent of the
+  // attention kernel before it (which signals launch_dependents as it starts): its blocks are
+  // placed while the attention kernel runs and wait in griddepcontrol.wait for its end, instead of
+  // the launch starting only after it. (Stream-captured as a programmatic graph edge.)
+  static std::atomic<uint64_t> opted{0}, pdl{0};
+  int dev = 0;
+  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
+  if (!(opted.load(std::memory_order_acquire) & bit)) {
+    if (cudaError_t e = cudaFuncSetAttribute(combine_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                             int(cudaSharedmemCarveoutMaxShared));
+        e != cudaSuccess)
+      return e;
+    int major = 0;
+    if (cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev); e != cudaSuccess)
+      return e;
+    if (major >= 9) pdl.fetch_or(bit, std::memory_order_acq_rel);
+    opted.fetch_or(bit, std::memory_order_acq_rel);
+  }
+  if (pdl.load(std::memory_order_acquire) & bit) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(unsigned(blocks), 1u, 1u);
+    cfg.blockDim = dim3(unsigned(threads), 1u, 1u);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (cudaLaunchKernelEx(&cfg, combine_kernel, a, rows) == cudaSuccess) return cudaSuccess;
+    cudaGetLastError();  // not supported here: the ordinary launch below
+  }
   combine_kernel<<<unsigned(blocks), threads, 0, s>>>(a, rows);
   return cudaGetLastError();
 }

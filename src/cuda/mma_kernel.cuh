@@ -77,6 +77,11 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? 2 : 3) at
   constexpr int kRB = S::kRB, kC = S::kC, kKS = S::kKS, kRT = S::kRT, kMT = S::kMT;
   constexpr int kTW = kTileTokens, kSCB = S::kSCB, kNZ = S::kNZ, kNGP = S::kNGP, kNGMax = S::kNGMax;
   extern __shared__ __align__(16) uint8_t smem[];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // The combine kernel may be placed now (it is launched as a programmatic dependent and waits for
+  // this grid's end before it reads a partial): this changes when it is scheduled, not what it reads.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
 
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
   const int64_t N = a.N;
@@ -589,6 +594,12 @@ cudaError_t launch(const AttnArgs& a, cudaStream_t stream) {
   const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
   if (!(opted.load(std::memory_order_acquire) & bit)) {
     if (cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
+        e != cudaSuccess)
+      return e;
+    // The combine kernel that follows asks for the same carveout (combine.cu): no switch of the
+    // L1 / shared split between the two.
+    if (cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                             int(cudaSharedmemCarveoutMaxShared));
         e != cudaSuccess)
       return e;
     opted.fetch_or(bit, std::memory_order_acq_rel);
