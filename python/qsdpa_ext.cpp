@@ -11,13 +11,25 @@
 //   TypeError           bad dtype
 //   NotImplementedError a valid request the backend does not implement (StatusCode::unsupported)
 //   RuntimeError        backend not built, no device, or a failure inside the backend
+//
+// Frameworks that cannot hand qsdpa a GPU output buffer (JAX) get theirs from cuda_empty: device
+// memory from cudaMalloc, freed (cudaFree) when the last array that views it goes away, exported
+// through DLPack; cuda_synchronize then waits for the call's stream before the framework reads it.
+// Both exist where the CUDA backend is built (QSDPA_PY_CUDA) and raise RuntimeError elsewhere.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
+#if QSDPA_PY_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,6 +42,17 @@ namespace {
 
 using InArray = nb::ndarray<nb::ro>;  // any dtype, shape, device; read-only access
 using OutArray = nb::ndarray<>;       // any dtype, shape, device; writable
+
+// cuda_empty's result: a nanobind.nb_ndarray (__dlpack__, __dlpack_device__), which can be
+// exported any number of times (nb::ndarray<> would return a single-use DLPack capsule). The
+// array_api framework exists from nanobind 2.2 on.
+#if NB_VERSION_MAJOR > 2 || (NB_VERSION_MAJOR == 2 && NB_VERSION_MINOR >= 2)
+#define QSDPA_PY_ARRAY_API 1
+using DeviceArray = nb::ndarray<nb::array_api>;
+#else
+#define QSDPA_PY_ARRAY_API 0
+using DeviceArray = nb::ndarray<>;
+#endif
 
 // DLPack device types the binding accepts (DLDeviceType).
 constexpr int kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, kDLCUDAManaged = 13;
@@ -469,6 +492,134 @@ std::string attention(InArray q, InArray k_packed, InArray k_scales, InArray k_b
   return qsdpa::to_string(s.backend);
 }
 
+// ---- GPU buffers for frameworks without an allocator qsdpa can call (JAX) -----------------------
+
+[[noreturn]] void throw_runtime(const std::string& msg) {
+  PyErr_SetString(PyExc_RuntimeError, msg.c_str());
+  throw nb::python_error();
+}
+
+// The DLPack dtype of a NumPy dtype name (the output dtypes the package allocates).
+nb::dlpack::dtype parse_dtype(const std::string& s) {
+  using C = nb::dlpack::dtype_code;
+  auto make = [](C c, int bits) {
+    nb::dlpack::dtype t;
+    t.code = uint8_t(c);
+    t.bits = uint8_t(bits);
+    t.lanes = 1;
+    return t;
+  };
+  if (s == "float32") return make(C::Float, 32);
+  if (s == "float16") return make(C::Float, 16);
+  if (s == "bfloat16") return make(C::Bfloat, 16);
+  if (s == "uint32") return make(C::UInt, 32);
+  if (s == "int32") return make(C::Int, 32);
+  if (s == "uint8") return make(C::UInt, 8);
+  throw_type("dtype ('" + s + "') is not one of 'float32', 'float16', 'bfloat16', 'uint32', "
+             "'int32', 'uint8'");
+}
+
+#if QSDPA_PY_CUDA
+// Runs f() with `device` current (restoring the previous device) and returns the first error.
+template <class F>
+cudaError_t on_device(int device, F&& f) {
+  int prev = 0;
+  if (cudaError_t e = cudaGetDevice(&prev); e != cudaSuccess) return e;
+  if (prev != device) {
+    if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) return e;
+  }
+  const cudaError_t e = f();
+  if (prev != device) cudaSetDevice(prev);
+  return e;
+}
+
+[[noreturn]] void throw_cuda(cudaError_t e, const std::string& what, const char* hint = "") {
+  cudaGetLastError();  // clears the error unless it is sticky (a broken context stays broken)
+  throw_runtime(what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")" + hint);
+}
+
+struct CudaBuffer {
+  void* ptr;
+  int device;
+};
+
+// The capsule's destructor: cudaFree waits for the work still using the memory.
+[[maybe_unused]] void free_cuda_buffer(void* p) noexcept {
+  std::unique_ptr<CudaBuffer> b(static_cast<CudaBuffer*>(p));
+  on_device(b->device, [&] { return cudaFree(b->ptr); });
+  cudaGetLastError();
+}
+#endif
+
+// An uninitialized C-contiguous array of `shape` and `dtype` in the memory of CUDA device
+// `device` (at least 1 byte, 256-byte aligned), owned by a capsule that frees it with cudaFree.
+DeviceArray cuda_empty(const std::vector<int64_t>& shape, const std::string& dtype, int device) {
+  const nb::dlpack::dtype t = parse_dtype(dtype);
+  std::vector<size_t> dims;
+  size_t bytes = t.bits / 8;
+  for (int64_t n : shape) {
+    if (n < 0) throw_value("cuda_empty: shape " + shape_str(shape) + " has a negative extent");
+    if (n > 0 && bytes > SIZE_MAX / size_t(n))
+      throw_value("cuda_empty: shape " + shape_str(shape) + " is too large");
+    bytes *= size_t(n);
+    dims.push_back(size_t(n));
+  }
+  if (device < 0) throw_value("cuda_empty: device (" + std::to_string(device) + ") is negative");
+#if QSDPA_PY_CUDA && QSDPA_PY_ARRAY_API
+  void* ptr = nullptr;
+  cudaError_t e;
+  {
+    nb::gil_scoped_release release;
+    e = on_device(device, [&] { return cudaMalloc(&ptr, std::max<size_t>(bytes, 1)); });
+  }
+  if (e != cudaSuccess)
+    throw_cuda(e,
+               "cudaMalloc of " + std::to_string(bytes) + " bytes on cuda:" +
+                   std::to_string(device),
+               e == cudaErrorMemoryAllocation
+                   ? " (JAX takes 75% of the GPU memory up front: "
+                     "XLA_PYTHON_CLIENT_MEM_FRACTION or XLA_PYTHON_CLIENT_PREALLOCATE=false "
+                     "leaves more to others)"
+                   : "");
+  nb::capsule owner;
+  try {
+    auto buf = std::make_unique<CudaBuffer>(CudaBuffer{ptr, device});
+    owner = nb::capsule(buf.get(), free_cuda_buffer);  // the capsule frees it from now on
+    buf.release();
+  } catch (...) {
+    cudaFree(ptr);
+    throw;
+  }
+  return DeviceArray(ptr, dims.size(), dims.data(), owner, nullptr, t, nb::device::cuda::value,
+                     device);
+#elif QSDPA_PY_CUDA
+  throw_runtime("qsdpa's extension was built with nanobind " NB_TOSTRING(NB_VERSION_MAJOR) "."
+                NB_TOSTRING(NB_VERSION_MINOR) ", which cannot return GPU arrays for JAX: "
+                "rebuild it with nanobind 2.2 or later");
+#else
+  throw_runtime("qsdpa was built without the CUDA backend, so it cannot allocate GPU memory: "
+                "rebuild it where nvcc is found (pip install . with the CUDA toolkit; "
+                "-DQSDPA_CUDA=ON), or pass host arrays");
+#endif
+}
+
+// Waits until the work queued on `stream` (0: the legacy default stream) of `device` is done.
+void cuda_synchronize(int device, uintptr_t stream) {
+#if QSDPA_PY_CUDA
+  cudaError_t e;
+  {
+    nb::gil_scoped_release release;
+    const auto s = static_cast<cudaStream_t>(stream_ptr(stream));
+    e = on_device(device, [&] { return cudaStreamSynchronize(s); });
+  }
+  if (e != cudaSuccess) throw_cuda(e, "cudaStreamSynchronize on cuda:" + std::to_string(device));
+#else
+  (void)device;
+  (void)stream;
+  throw_runtime("qsdpa was built without the CUDA backend: there is no CUDA stream to synchronize");
+#endif
+}
+
 std::pair<bool, std::string> backend_available(const std::string& name) {
   std::string why;
   const bool ok = qsdpa::backend_available(parse_backend(name), &why);
@@ -505,6 +656,15 @@ NB_MODULE(_ext, m) {
       "dtype_name",
       [](InArray a) { return dtype_str(a.dtype()); },
       nb::arg("a"), "The dtype of a DLPack array as a NumPy name ('float32', 'bfloat16', ...).");
+  m.def("cuda_empty", &cuda_empty, nb::arg("shape"), nb::arg("dtype"), nb::arg("device"),
+        "An uninitialized C-contiguous array (DLPack device type CUDA) of shape and dtype "
+        "('float32', 'float16', 'bfloat16', 'uint32', 'int32', 'uint8') in the memory of CUDA "
+        "device `device`, from cudaMalloc; cudaFree releases it when the last array that views "
+        "it (through DLPack too) is gone. RuntimeError without the CUDA backend or on failure.");
+  m.def("cuda_synchronize", &cuda_synchronize, nb::arg("device"), nb::arg("stream"),
+        "Waits for the work queued on `stream` (a cudaStream_t as an integer; 0: the legacy "
+        "default stream) of CUDA device `device`. RuntimeError without the CUDA backend or on "
+        "failure.");
   m.def("build_info", &qsdpa::build_info, "The library's build configuration, one item a line.");
   m.def("device_info", &qsdpa::device_info, "The devices the library sees, one a line.");
   m.def(

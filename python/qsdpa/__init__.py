@@ -7,11 +7,22 @@ Three functions, taking any array that speaks DLPack and returning arrays of the
 - ``dequantize(packed, scales, biases, group_size=64, bits=4)`` -> ``w``, like ``mx.dequantize``;
 - ``attention(q, k_packed, k_scales, k_biases, v_packed, v_scales, v_biases, ...)`` -> ``out``.
 
-NumPy arrays run on the CPU; PyTorch CUDA tensors run on the GPU without a copy, on PyTorch's
-current stream. PyTorch (CPU or CUDA) and CuPy inputs give outputs of their own kind; other
-frameworks on the CPU (JAX, MLX, ...) give outputs converted back to that framework where the
-package knows how (JAX, MLX) and NumPy arrays otherwise. Element types: float32, float16 and
-bfloat16 (from PyTorch, JAX, MLX or ``ml_dtypes``); packed words are uint32 (int32 is accepted).
+NumPy arrays run on the CPU; PyTorch CUDA tensors and CuPy arrays run on the GPU without a copy,
+on the framework's current stream. Outputs are arrays of the inputs' kind on the inputs' device:
+
+- PyTorch (CPU or CUDA) and CuPy: allocated by that framework;
+- JAX arrays on a CPU device: computed into NumPy arrays, then put on the input's device
+  (``jax.device_put``), whatever JAX's default device is;
+- JAX arrays in GPU memory: the CUDA backend, zero copy. JAX does not expose its CUDA stream, so
+  the inputs are waited for (``block_until_ready``), the outputs (and the split-K workspace) are
+  device memory that qsdpa allocates (cudaMalloc; freed when JAX drops the array), the work runs
+  on the legacy default stream of the array's device, and each call synchronizes that stream
+  once before it hands the outputs to JAX (``jax.dlpack.from_dlpack``);
+- other frameworks on the CPU: MLX arrays come back as MLX arrays, others as NumPy arrays.
+
+Arrays on other devices (ROCm, Metal, ...), and GPU arrays of frameworks other than PyTorch, CuPy
+and JAX, raise ``TypeError``. Element types: float32, float16 and bfloat16 (from PyTorch, JAX,
+MLX or ``ml_dtypes``); packed words are uint32 (int32 is accepted).
 
 Errors raise ``ValueError`` (a shape or value; the message is the library's), ``TypeError`` (a
 dtype), ``NotImplementedError`` (a valid request the backend does not implement) or
@@ -41,6 +52,8 @@ __all__ = [
 
 # DLPack device types (DLDeviceType) the package tells apart.
 _DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13
+_DL_NAMES = {4: "OpenCL", 7: "Vulkan", 8: "Metal", 9: "VPI", 10: "ROCm", 11: "ROCm host",
+             12: "ext_dev", 14: "oneAPI", 15: "WebGPU", 16: "Hexagon", 17: "MAIA"}
 
 _last = threading.local()
 
@@ -85,6 +98,64 @@ def _is_ml_bf16(dtype: Any) -> bool:
     return isinstance(dtype, np.dtype) and dtype.kind == "V" and dtype.name == "bfloat16"
 
 
+def _jax_device(x: Any, name: str) -> Any:
+    """The device of a single-device JAX array: ``x.devices()`` (jax.Array), else ``x.device``
+    (a property in recent JAX, a method in older versions)."""
+    devices = getattr(x, "devices", None)
+    if callable(devices):
+        ds = list(devices())
+        if len(ds) != 1:
+            raise TypeError(f"{name} is a JAX array on {len(ds)} devices: qsdpa takes arrays on "
+                            "one device")
+        return ds[0]
+    d = getattr(x, "device", None)
+    return d() if callable(d) else d
+
+
+def _jax_ready(a: Any) -> Any:
+    """Waits until a JAX array's value has been computed (JAX dispatches asynchronously)."""
+    wait = getattr(a, "block_until_ready", None)
+    if callable(wait):
+        wait()
+    return a
+
+
+class _Synchronized:
+    """An extension array (from _ext.cuda_empty) whose writes are complete (its stream has been
+    synchronized), as a DLPack producer: the consumer's stream needs no ordering, so the
+    arguments of ``__dlpack__`` are accepted whatever nanobind's version would make of them."""
+
+    __slots__ = ("_a",)
+
+    def __init__(self, a: Any) -> None:
+        self._a = a
+
+    def __dlpack_device__(self) -> Any:
+        return self._a.__dlpack_device__()
+
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
+                   copy: Any = None) -> Any:
+        if copy:
+            raise BufferError("__dlpack__(copy=True) is not supported")
+        if dl_device is not None and tuple(int(v) for v in dl_device) != tuple(
+                int(v) for v in self._a.__dlpack_device__()):
+            raise BufferError("__dlpack__: unsupported dl_device")
+        return self._a.__dlpack__()
+
+
+def _jax_from_dlpack(a: Any) -> Any:
+    """A JAX array viewing (zero copy) a synchronized extension array in GPU memory."""
+    import jax.dlpack
+
+    try:
+        return jax.dlpack.from_dlpack(_Synchronized(a))
+    except TypeError as e:  # old JAX: from_dlpack takes a DLPack capsule only
+        try:
+            return jax.dlpack.from_dlpack(a.__dlpack__())
+        except Exception:
+            raise e from None
+
+
 def _np_bf16() -> Any:
     try:
         import ml_dtypes
@@ -114,6 +185,11 @@ class _Kind:
         self.u16_is_bf16 = False  # set when a NumPy bfloat16 (ml_dtypes) array is passed on
         self.device: Any = None
         self.stream = 0
+        # JAX arrays in GPU memory: the CUDA device (ordinal) whose memory qsdpa allocates the
+        # outputs in (_ext.cuda_empty); None otherwise. The call runs on the legacy default
+        # stream (0) of that device.
+        self.cuda_device: Optional[int] = None
+        self._keep: list = []  # buffers that must outlive the call's GPU work (the workspace)
         if self.fw == "torch":
             self.device = x.device
             if x.device.type == "cuda":
@@ -127,11 +203,22 @@ class _Kind:
             with x.device:
                 self.stream = int(cupy.cuda.get_current_stream().ptr)
         elif self.fw in ("jax", "mlx", "dlpack"):
-            dev_type = x.__dlpack_device__()[0]
-            if int(dev_type) not in (_DL_CPU, _DL_CUDA_HOST):
+            dev_type, dev_id = (int(v) for v in x.__dlpack_device__())
+            what = f"{name} is a {type(x).__module__}.{type(x).__name__}"
+            if self.fw == "jax":
+                self.device = _jax_device(x, name)
+                if dev_type == _DL_CUDA:
+                    self.cuda_device = dev_id
+                    return
+            if dev_type in (_DL_CUDA, _DL_CUDA_MANAGED):
                 raise TypeError(
-                    f"{name} is a {type(x).__module__}.{type(x).__name__} in device memory: qsdpa "
-                    "allocates GPU outputs only for PyTorch and CuPy; pass those, or host arrays")
+                    f"{what} in GPU memory: qsdpa allocates GPU outputs only for PyTorch, CuPy and "
+                    "JAX arrays; pass one of those, or host arrays")
+            if dev_type not in (_DL_CPU, _DL_CUDA_HOST):
+                where = _DL_NAMES.get(dev_type, "an unknown device")
+                raise TypeError(
+                    f"{what} on {where} (DLPack device type {dev_type}): qsdpa reads host (CPU) "
+                    "memory and CUDA GPU memory only; move the arrays there")
 
     # -- inputs ----------------------------------------------------------------------------------
 
@@ -156,7 +243,8 @@ class _Kind:
 
             return cupy.ascontiguousarray(a)
         if hasattr(a, "__dlpack__"):
-            return a
+            # JAX computes asynchronously: the value must be there before the library reads it.
+            return _jax_ready(a) if mod in ("jax", "jaxlib") else a
         if self.fw == "torch":  # lists and scalars next to torch tensors
             import torch
 
@@ -177,9 +265,23 @@ class _Kind:
         name = _ext_dtype_name(a)
         return _np_bf16() if name == "bfloat16" else np.dtype(name)
 
+    def local(self, a: np.ndarray) -> Any:
+        """A NumPy helper input (sinks, a broadcast mask) on the call's device where the call's
+        arrays are JAX arrays in GPU memory (the library reads all arrays of a call from one
+        place); unchanged otherwise."""
+        if self.cuda_device is None:
+            return a
+        import jax
+
+        return jax.device_put(np.ascontiguousarray(a), self.device)
+
     def empty(self, shape: Tuple[int, ...], dtype: Any) -> Any:
-        """An uninitialized output of the call's framework, on the call's device."""
+        """An uninitialized output of the call's framework, on the call's device (JAX GPU arrays:
+        device memory from the extension, wrapped for JAX by result())."""
         shape = tuple(max(0, int(s)) for s in shape)
+        if self.cuda_device is not None:
+            name = "uint32" if dtype == "uint32" else np.dtype(dtype).name
+            return _ext.cuda_empty(shape, name, self.cuda_device)
         if self.fw == "torch":
             import torch
 
@@ -200,11 +302,14 @@ class _Kind:
         return a
 
     def result(self, a: Any) -> Any:
-        """An output converted to the input's framework (host frameworks compute into NumPy)."""
+        """An output converted to the input's framework (host frameworks compute into NumPy), on
+        the input's device. Called after run(), which has synchronized any GPU work."""
         if self.fw == "jax":
-            import jax.numpy as jnp
+            if self.cuda_device is not None:
+                return _jax_from_dlpack(a)
+            import jax
 
-            return jnp.asarray(a)
+            return jax.device_put(a, self.device)  # not JAX's default device: the input's
         if self.fw == "mlx":
             import mlx.core as mx
 
@@ -214,7 +319,15 @@ class _Kind:
         return a
 
     def workspace_alloc(self) -> Any:
-        """An allocator of GPU scratch bytes from the framework's own pool (PyTorch, CuPy)."""
+        """An allocator of GPU scratch bytes from the framework's own pool (PyTorch, CuPy), or
+        from the extension (JAX GPU arrays; kept until run() has synchronized the stream)."""
+        if self.cuda_device is not None:
+            def alloc(n: int) -> Any:
+                buf = _ext.cuda_empty((int(n),), "uint8", self.cuda_device)
+                self._keep.append(buf)
+                return buf
+
+            return alloc
         if self.fw == "torch" and self.device.type == "cuda":
             torch = _torch()
             return lambda n: torch.empty(n, dtype=torch.uint8, device=self.device)
@@ -225,8 +338,16 @@ class _Kind:
         return None
 
     def run(self, fn: Any, *args: Any, **kwargs: Any) -> None:
-        """Calls the extension on the device of the inputs (PyTorch and CuPy GPUs)."""
-        if self.fw == "torch" and self.device.type == "cuda":
+        """Calls the extension on the device of the inputs (PyTorch and CuPy GPUs; JAX GPU
+        arrays: the legacy default stream, synchronized before returning, since the outputs go
+        to JAX, which cannot be told to wait for a stream)."""
+        if self.cuda_device is not None:
+            try:
+                backend = fn(*args, stream=self.stream, u16_is_bf16=self.u16_is_bf16, **kwargs)
+                _ext.cuda_synchronize(self.cuda_device, self.stream)
+            finally:
+                self._keep.clear()  # (cudaFree also waits for the work still using it)
+        elif self.fw == "torch" and self.device.type == "cuda":
             import torch
 
             with torch.cuda.device(self.device):
@@ -366,7 +487,7 @@ def _prepare_mask(kind: _Kind, mask: Any, q: Any, target: Tuple[int, ...]) -> An
         except ValueError:
             raise ValueError(f"mask has shape {tuple(m.shape)}; expected [B, Hq, Lq, N] = "
                              f"{target} or a shape that broadcasts to it") from None
-        return kind.arg(m, "mask")
+        return kind.arg(kind.local(m), "mask")
     if _module_of(mask) == "torch":
         torch = _torch()
         if mask.is_floating_point() and mask.dtype != q.dtype:
@@ -389,7 +510,7 @@ def _prepare_sinks(kind: _Kind, sinks: Any) -> Any:
 
         return torch.as_tensor(sinks, dtype=torch.float32, device=kind.device).contiguous()
     if kind.fw == "numpy" or not hasattr(sinks, "__dlpack__"):
-        return np.ascontiguousarray(sinks, dtype=np.float32)
+        return kind.arg(kind.local(np.ascontiguousarray(sinks, dtype=np.float32)), "sinks")
     return kind.arg(sinks, "sinks")
 
 
@@ -425,7 +546,9 @@ def attention(q: Any, k_packed: Any, k_scales: Any, k_biases: Any, v_packed: Any
 
     Returns:
         ``out``: ``[B, Hq, Lq, D]``, dtype T, same framework and device as ``q``. A row that sees
-        no key (everything masked, ``N == 0``) is all zeros.
+        no key (everything masked, ``N == 0``) is all zeros. For JAX arrays in GPU memory the
+        call runs on the legacy default CUDA stream and synchronizes it once before returning
+        (JAX does not expose its stream); NumPy sinks and masks are moved to ``q``'s device.
     """
     kind = _Kind(q, "q")
     q = kind.arg(q, "q")
