@@ -195,8 +195,8 @@ qsdpa::AttentionParams Problem::params(void* out) const {
   p.dtype = s.dtype;
   p.B = s.B, p.Hq = s.Hq, p.Hkv = s.Hkv, p.Lq = s.Lq, p.N = s.N, p.D = s.D;
   p.q = q.data();
-  p.k = {{s.k_bits, s.group}, k_packed.data(), k_scales.data(), k_biases.data()};
-  p.v = {{s.v_bits, s.group}, v_packed.data(), v_scales.data(), v_biases.data()};
+  p.k = {{s.k_bits, s.group}, k_packed.data(), k_scales.data(), k_biases.data(), {}};
+  p.v = {{s.v_bits, s.group}, v_packed.data(), v_scales.data(), v_biases.data(), {}};
   p.out = out;
   p.sinks = sinks.empty() ? nullptr : sinks.data();
   p.bool_mask = bool_mask.empty() ? nullptr : bool_mask.data();

@@ -7,17 +7,15 @@
 // CUDA when the library was built with it, a device is present and `q` (or `w`) is device memory,
 // and the CPU backend otherwise; Status::backend says which one ran.
 //
-// How the serving features fit without a redesign (they are added as fields with defaults that
-// mean "contiguous, one length for the whole batch", so existing callers keep working):
-//   - capacity and strides: KVCache gains `token_stride`, `head_stride`, `batch_stride` (in rows;
-//     0 = derived from N), q/out/mask gain element strides, a mask stride of 0 broadcasts;
-//   - per-sequence lengths: AttentionParams gains `kv_lens` / `q_lens` (int32 per sequence,
-//     nullptr = N / Lq for all), with N and Lq then the maxima;
-//   - paged caches: KVCache gains `block_table` ([B, max_pages] int32) and `page_size`; the
-//     packed/scales/biases pointers then address the page pool;
-//   - different K and V formats: already here — K and V each carry their own QuantFormat;
-//   - quantize-on-append: a separate AppendParams / append() that writes rows at each sequence's
-//     end using the same quantizer as quantize().
+// Serving layouts (all optional; the defaults mean "contiguous, one length for the whole batch"):
+//   - capacity and strides: each cache has a CacheLayout (row strides; a capacity larger than N is
+//     a head stride larger than N); q, out and the masks have element Strides, and a mask stride
+//     of 0 broadcasts;
+//   - per-sequence lengths: AttentionParams::kv_lens / q_lens, with N and Lq the maxima;
+//   - paged caches: CacheLayout::block_table and page_size; the cache pointers then address the
+//     page pool;
+//   - different K and V formats: K and V each carry their own QuantFormat and layout;
+//   - quantize on append: append() quantizes new rows and writes them at each sequence's end.
 #pragma once
 
 #include <cstddef>
@@ -105,12 +103,51 @@ Status dequantize(const DequantizeParams& p);
 // attention
 // ---------------------------------------------------------------------------------------------
 
-// One quantized cache (K or V) of shape [B, Hkv, N, D], in the MLX affine layout.
+// "The contiguous value": a stride or size left at kAuto is derived from the shapes.
+inline constexpr int64_t kAuto = -1;
+
+// Where the rows of one cache live. A row is one token of one KV head: D / (32 / bits) u32 words
+// of `packed` and D / group values of `scales` and of `biases`. Every stride here counts rows, so
+// one set of strides addresses all three arrays. Offsets are 64-bit.
+//   contiguous (block_table == nullptr): token t of KV head h of sequence b is the row
+//       b * batch_stride + h * head_stride + t * token_stride
+//     defaults: token_stride 1, head_stride N, batch_stride Hkv * head_stride, i.e. [B, Hkv, N];
+//     a cache allocated for C >= N tokens ([B, Hkv, C]) is head_stride = C; a token-major cache
+//     ([B, C, Hkv]) is token_stride = Hkv, head_stride = 1, batch_stride = C * Hkv.
+//   paged (block_table != nullptr): the cache is a pool of pages of `page_size` tokens; token t
+//     of sequence b is in page block_table[b * block_table_stride + t / page_size] and is the row
+//       page * page_stride + h * head_stride + (t % page_size) * token_stride
+//     defaults: token_stride 1, head_stride page_size, page_stride Hkv * page_size (a page is
+//     [Hkv, page_size] rows), block_table_stride ceil(N / page_size). Entries of the block table
+//     past a sequence's last token are not read.
+struct CacheLayout {
+  int64_t token_stride = kAuto;
+  int64_t head_stride = kAuto;
+  int64_t batch_stride = kAuto;  // contiguous only
+
+  const int32_t* block_table = nullptr;  // paged: [B, block_table_stride] page indices (int32)
+  int64_t block_table_stride = kAuto;
+  int64_t page_size = 0;  // paged: tokens per page, a power of two from 16 to 256
+  int64_t page_stride = kAuto;
+};
+
+// One quantized cache (K or V): N tokens of Hkv heads for each of B sequences, in the MLX affine
+// layout, where `layout` says (by default [B, Hkv, N, D]).
 struct KVCache {
   QuantFormat format;
-  const uint32_t* packed = nullptr;  // [B, Hkv, N, D / (32 / bits)] u32
-  const void* scales = nullptr;      // [B, Hkv, N, D / group] AttentionParams::dtype
-  const void* biases = nullptr;      // [B, Hkv, N, D / group] AttentionParams::dtype
+  const uint32_t* packed = nullptr;  // rows of D / (32 / bits) u32
+  const void* scales = nullptr;      // rows of D / group AttentionParams::dtype
+  const void* biases = nullptr;      // rows of D / group AttentionParams::dtype
+  CacheLayout layout;
+};
+
+// Element strides of a [B, H, L, X] tensor whose last dimension is contiguous (q, out: X = D;
+// masks: X = N). kAuto is the contiguous stride; 0 broadcasts (q and the masks; a mask shared by
+// all heads is h = 0, by all query rows l = 0).
+struct Strides {
+  int64_t b = kAuto;
+  int64_t h = kAuto;
+  int64_t l = kAuto;
 };
 
 struct AttentionParams {
@@ -119,20 +156,34 @@ struct AttentionParams {
   int64_t B = 1;    // sequences
   int64_t Hq = 1;   // query heads
   int64_t Hkv = 1;  // key/value heads; Hq % Hkv == 0, query head h reads KV head h / (Hq / Hkv)
-  int64_t Lq = 1;   // query rows per sequence; row i sits at position N - Lq + i (causal)
-  int64_t N = 0;    // tokens in the KV cache of each sequence
+  int64_t Lq = 1;   // query rows per sequence (the most, with q_lens); row i sits at position
+                    // N - Lq + i (causal), with per-sequence lengths kv_lens[b] - q_lens[b] + i
+  int64_t N = 0;    // tokens in the KV cache of each sequence (the most, with kv_lens)
   int64_t D = 128;  // head dim: a multiple of 32, at most 512, divisible by each group size
 
-  const void* q = nullptr;  // [B, Hq, Lq, D] T
+  const void* q = nullptr;  // [B, Hq, Lq, D] T, at q_strides
   KVCache k;                // keys
   KVCache v;                // values
-  void* out = nullptr;      // [B, Hq, Lq, D] T; every element is written on success
+  void* out = nullptr;      // [B, Hq, Lq, D] T, at out_strides; every element is written on
+                            // success (rows past a sequence's q_lens[b] with zeros)
+  Strides q_strides;
+  Strides out_strides;
+
+  // Per-sequence lengths (optional, int32 [B], in the memory of the backend that runs: host for
+  // reference / cpu, device for cuda): sequence b holds kv_lens[b] tokens (nullptr: N for all)
+  // and q_lens[b] query rows (nullptr: Lq for all), 0 <= q_lens[b] <= Lq,
+  // q_lens[b] <= kv_lens[b] <= N. The host backends check the values; the CUDA backend cannot
+  // without a synchronization and clamps them to those ranges instead.
+  const int32_t* kv_lens = nullptr;
+  const int32_t* q_lens = nullptr;
 
   const float* sinks = nullptr;  // optional [Hq] f32: one extra logit per head with a zero value
 
-  const void* bool_mask = nullptr;  // optional [B, Hq, Lq, N]; 0 = hidden
+  const void* bool_mask = nullptr;  // optional [B, Hq, Lq, N] at mask_strides; 0 = hidden
   BoolMaskType bool_mask_type = BoolMaskType::u8;
-  const void* float_mask = nullptr;  // optional [B, Hq, Lq, N] T, added to the logit; -inf hides
+  const void* float_mask = nullptr;  // optional [B, Hq, Lq, N] T at mask_strides, added to the
+                                     // logit; -inf hides
+  Strides mask_strides;              // of both masks
 
   float scale = 0.0f;  // logit scale; 0 means 1/sqrt(D)
   int64_t window = 0;  // sliding window: key t visible when t > p - window; 0 = no window
@@ -155,6 +206,48 @@ Status attention(const AttentionParams& p);
 
 // Bytes of device workspace that attention(p) may use on the CUDA backend (0 for the others).
 size_t attention_workspace_size(const AttentionParams& p);
+
+// ---------------------------------------------------------------------------------------------
+// append: quantize new rows of K and V and write them at the end of each sequence's cache
+// ---------------------------------------------------------------------------------------------
+
+// A cache that append() writes (the same fields as KVCache, writable).
+struct KVCacheMut {
+  QuantFormat format;
+  uint32_t* packed = nullptr;
+  void* scales = nullptr;
+  void* biases = nullptr;
+  CacheLayout layout;
+};
+
+// Row i < L of new keys / values of (layer, b, h) becomes token start_b + i of that sequence's
+// cache, quantized bit-identically to quantize(); start_b = kv_lens[b] (the tokens already there;
+// nullptr: `start` for every sequence). One call covers K and V of every layer, sequence and head
+// (one launch on the GPU). kv_lens is not updated: the caller adds L after the call.
+struct AppendParams {
+  DType dtype = DType::f16;  // T: type of k, v and of the caches' scales and biases
+  int64_t layers = 1;        // caches of several layers at once (see layer_stride)
+  int64_t B = 1;
+  int64_t Hkv = 1;
+  int64_t L = 1;     // new rows per sequence
+  int64_t D = 128;
+  int64_t capacity = 0;  // tokens each sequence's cache can hold: start_b + L must not exceed it
+                         // (for a paged cache, at most block_table_stride * page_size)
+
+  const void* k = nullptr;  // [layers, B, Hkv, L, D] T
+  const void* v = nullptr;  // [layers, B, Hkv, L, D] T
+  KVCacheMut k_cache;       // its layout's N-derived defaults use N = capacity
+  KVCacheMut v_cache;
+  int64_t layer_stride = 0;  // rows between one layer's cache and the next (paged: in the same
+                             // pool, with the same block table)
+
+  const int32_t* kv_lens = nullptr;  // [B] int32, in the backend's memory (as in attention)
+  int64_t start = 0;
+
+  Backend backend = Backend::automatic;
+  void* stream = nullptr;
+};
+Status append(const AppendParams& p);
 
 // ---------------------------------------------------------------------------------------------
 // helpers

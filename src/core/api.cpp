@@ -118,10 +118,25 @@ Status attention(const AttentionParams& p) {
   if (Status s = detail::check_attention(p); !s) return tag(s, p.backend);
   Backend b;
   if (Status s = resolve(p.backend, p.q, &b); !s) return s;
+  if (b != Backend::cuda)
+    if (Status s = detail::check_lengths_host(p); !s) return tag(s, b);
   switch (b) {
     case Backend::cuda: return tag(detail::cuda_attention(p), b);
     case Backend::cpu: return tag(detail::cpu_attention(p), b);
     default: return tag(detail::reference_attention(p), b);
+  }
+}
+
+Status append(const AppendParams& p) {
+  if (Status s = detail::check_append(p); !s) return tag(s, p.backend);
+  Backend b;
+  if (Status s = resolve(p.backend, p.k, &b); !s) return s;
+  if (b != Backend::cuda)
+    if (Status s = detail::check_append_host(p); !s) return tag(s, b);
+  if (p.L == 0) return tag(Status{}, b);
+  switch (b) {
+    case Backend::cuda: return tag(detail::cuda_append(p), b);
+    default: return tag(detail::host_append(p), b);
   }
 }
 

@@ -13,12 +13,18 @@ namespace qsdpa::detail {
 Status check_quantize(const QuantizeParams& p);
 Status check_dequantize(const DequantizeParams& p);
 Status check_attention(const AttentionParams& p);
+Status check_append(const AppendParams& p);
+// The values of kv_lens / q_lens / append's kv_lens, for backends whose memory the host reads.
+Status check_lengths_host(const AttentionParams& p);
+Status check_append_host(const AppendParams& p);
 
 Status make_status(StatusCode c, std::string msg, Backend b = Backend::automatic);
 
 // Host quantizer shared by the reference and CPU backends (it is defined bit-exactly by the SPEC).
 Status host_quantize(const QuantizeParams& p);
 Status host_dequantize(const DequantizeParams& p);
+// Host append (reference and CPU backends): row by row through the host quantizer.
+Status host_append(const AppendParams& p);
 
 Status reference_attention(const AttentionParams& p);
 Status cpu_attention(const AttentionParams& p);
@@ -33,6 +39,7 @@ std::string cuda_device_info();
 Status cuda_attention(const AttentionParams& p);
 Status cuda_quantize(const QuantizeParams& p);
 Status cuda_dequantize(const DequantizeParams& p);
+Status cuda_append(const AppendParams& p);
 size_t cuda_attention_workspace_size(const AttentionParams& p);
 
 }  // namespace qsdpa::detail

@@ -21,6 +21,7 @@ std::string cuda_device_info() { return "cuda: not built\n"; }
 Status cuda_attention(const AttentionParams&) { return not_built(); }
 Status cuda_quantize(const QuantizeParams&) { return not_built(); }
 Status cuda_dequantize(const DequantizeParams&) { return not_built(); }
+Status cuda_append(const AppendParams&) { return not_built(); }
 size_t cuda_attention_workspace_size(const AttentionParams&) { return 0; }
 
 }  // namespace qsdpa::detail

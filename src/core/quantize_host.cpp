@@ -85,3 +85,38 @@ Status host_dequantize(const DequantizeParams& p) {
 }
 
 }  // namespace qsdpa::detail
+
+#include "layout.hpp"
+
+namespace qsdpa::detail {
+
+Status host_append(const AppendParams& p) {
+  const size_t ts = dtype_size(p.dtype);
+  const RowMap km = resolve_layout(p.k_cache.layout, p.Hkv, p.capacity);
+  const RowMap vm = resolve_layout(p.v_cache.layout, p.Hkv, p.capacity);
+  for (int64_t layer = 0; layer < p.layers; ++layer)
+    for (int64_t b = 0; b < p.B; ++b) {
+      const int64_t start = p.kv_lens ? int64_t(p.kv_lens[b]) : p.start;
+      for (int64_t h = 0; h < p.Hkv; ++h)
+        for (int64_t i = 0; i < p.L; ++i) {
+          const int64_t src = (((layer * p.B + b) * p.Hkv + h) * p.L + i) * p.D;
+          for (int kv = 0; kv < 2; ++kv) {
+            const KVCacheMut& c = kv == 0 ? p.k_cache : p.v_cache;
+            const int64_t row = layer * p.layer_stride + (kv == 0 ? km : vm).row(b, h, start + i);
+            QuantizeParams q;
+            q.dtype = p.dtype;
+            q.format = c.format;
+            q.rows = 1;
+            q.dim = p.D;
+            q.w = static_cast<const char*>(kv == 0 ? p.k : p.v) + src * int64_t(ts);
+            q.packed = c.packed + row * packed_words_per_row(c.format, p.D);
+            q.scales = static_cast<char*>(c.scales) + row * groups_per_row(c.format, p.D) * int64_t(ts);
+            q.biases = static_cast<char*>(c.biases) + row * groups_per_row(c.format, p.D) * int64_t(ts);
+            host_quantize_rows(q, 0, 1);
+          }
+        }
+    }
+  return make_status(StatusCode::ok, "");
+}
+
+}  // namespace qsdpa::detail

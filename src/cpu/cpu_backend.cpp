@@ -81,6 +81,7 @@ void run_kernel(const Plan& pl, const Task& t, bool portable) {
 // The query rows [r0, r1) of unit `u` and the tokens they can see at all.
 struct UnitRange {
   int64_t b, kvh, r0, r1, tlo, thi;
+  int64_t n, lq;  // the sequence's tokens and query rows
 };
 
 UnitRange unit_range(const Plan& pl, int64_t u) {
@@ -92,7 +93,9 @@ UnitRange unit_range(const Plan& pl, int64_t u) {
   ur.kvh = g % p.Hkv;
   ur.r0 = blk * pl.rb;
   ur.r1 = std::min(pl.R, ur.r0 + pl.rb);
-  // Positions of the rows: row r sits at N - Lq + r % Lq.
+  // Positions of the rows: row r sits at n - lq + r % Lq (rows with r % Lq >= lq see nothing).
+  ur.n = seq_kv_len(p.kv_lens, ur.b, p.N);
+  ur.lq = seq_q_len(p.q_lens, ur.b, p.Lq, ur.n);
   int64_t imin = p.Lq, imax = -1;
   if (ur.r1 - ur.r0 >= p.Lq) {
     imin = 0;
@@ -103,9 +106,10 @@ UnitRange unit_range(const Plan& pl, int64_t u) {
       imax = std::max(imax, r % p.Lq);
     }
   }
-  const int64_t pmin = p.N - p.Lq + imin, pmax = p.N - p.Lq + imax;
+  imax = std::min(imax, ur.lq - 1);
+  const int64_t pmin = ur.n - ur.lq + imin, pmax = ur.n - ur.lq + imax;
   ur.tlo = pl.window > 0 ? std::max<int64_t>(0, pmin - pl.window + 1) : 0;
-  ur.thi = std::max<int64_t>(ur.tlo, std::min(p.N, pmax + 1));
+  ur.thi = imax < imin ? ur.tlo : std::max<int64_t>(ur.tlo, std::min(ur.n, pmax + 1));
   return ur;
 }
 
@@ -115,14 +119,13 @@ void write_rows(const Plan& pl, const UnitRange& ur, const float* m, const float
                 int64_t ostride) {
   const AttentionParams& p = *pl.p;
   const int64_t D = p.D;
-  const int64_t qrow0 = (ur.b * p.Hq + ur.kvh * pl.rep) * p.Lq;
   for (int64_t r = ur.r0; r < ur.r1; ++r) {
     const int64_t i = r - ur.r0;
     const int64_t h = ur.kvh * pl.rep + r / p.Lq;
     const SoftmaxState st{m[i], l[i], nullptr};  // only m and l are read
     const float f = st.out_factor(p.sinks != nullptr, p.sinks ? p.sinks[h] : 0.0f);
     const float* orow = o + i * ostride;
-    const int64_t base = (qrow0 + r) * D;
+    const int64_t base = pl.om.at(ur.b, h, r % p.Lq);
     for (int64_t d = 0; d < D; ++d) store_f32(p.out, T, base + d, orow[d] * f);
   }
 }
@@ -140,7 +143,8 @@ void phase1(const Plan& pl, int64_t task, bool portable) {
   ensure(s.m, nr);
   ensure(s.l, nr);
   ensure(s.o, nr * D);
-  run_kernel(pl, Task{ur.b, ur.kvh, ur.r0, ur.r1, t0, t1, s.m.data(), s.l.data(), s.o.data()}, portable);
+  run_kernel(pl, Task{ur.b, ur.kvh, ur.r0, ur.r1, t0, t1, ur.n, ur.lq, s.m.data(), s.l.data(), s.o.data()},
+             portable);
   if (pl.nchunks == 1) {
     write_rows<T>(pl, ur, s.m.data(), s.l.data(), s.o.data(), D);
     return;
@@ -193,6 +197,11 @@ Status run_attention(const AttentionParams& p) {
   // A window of N or more hides nothing (every row sits at a position below N); treating it as
   // no window also keeps `pos - window` far from overflow.
   pl.window = p.window < p.N ? p.window : 0;
+  pl.km = resolve_layout(p.k.layout, p.Hkv, p.N);
+  pl.vm = resolve_layout(p.v.layout, p.Hkv, p.N);
+  pl.qm = resolve_strides(p.q_strides, p.Hq, p.Lq, p.D);
+  pl.om = resolve_strides(p.out_strides, p.Hq, p.Lq, p.D);
+  pl.mm = resolve_strides(p.mask_strides, p.Hq, p.Lq, p.N);
 
   // The longest token range of a group (the rows of one group see at most these keys).
   const int64_t span = pl.window > 0 ? std::min(p.N, pl.window + p.Lq - 1) : p.N;

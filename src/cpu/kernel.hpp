@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "../core/layout.hpp"
 #include "qsdpa/qsdpa.hpp"
 
 namespace qsdpa::detail::cpu {
@@ -27,13 +28,20 @@ struct Plan {
   float scale;
   int64_t window;   // the sliding window, 0 when it hides nothing
   float* partial;   // nchunks > 1: [units, nchunks, rb, D + 2] states (m, l, o)
+  // Where things live (qsdpa.hpp's layouts, resolved): cache rows, and element offsets of the
+  // rows of q, out and the masks.
+  RowMap km, vm;
+  ElemMap qm, om, mm;
 };
 
 // One task: the rows [r0, r1) of the group of (b, kvh) (row r of the group is query head
 // kvh * rep + r / Lq, query row r % Lq) over the keys [t0, t1). The kernel writes m[0, nr),
 // l[0, nr) and o[0, nr * D) with nr = r1 - r0.
+// n and lq are the sequence's tokens and query rows (per-sequence lengths; else N and Lq): query
+// row i sits at position n - lq + i, and rows i >= lq see no key.
 struct Task {
   int64_t b, kvh, r0, r1, t0, t1;
+  int64_t n, lq;
   float* m;
   float* l;
   float* o;

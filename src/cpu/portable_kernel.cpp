@@ -66,7 +66,7 @@ inline void axpy_rows(const float* w, const float* v, int64_t rows, int64_t D, f
   }
 }
 
-// Dequantizes row `row` (an index into [B, Hkv, N]) of a cache into D floats: s * code + z, with
+// Dequantizes row `row` (the layout's row of a (sequence, head, token)) of a cache into D floats: s * code + z, with
 // the codes unpacked low bits first (SPEC section 2).
 template <DType T, int BITS>
 void dequantize_row_t(const KVCache& c, int64_t row, int64_t D, float* out) {
@@ -113,7 +113,7 @@ void ensure(V& v, int64_t n) {
 template <DType T>
 void attend(const Plan& pl, const Task& task) {
   const AttentionParams& p = *pl.p;
-  const int64_t D = p.D, N = p.N, Lq = p.Lq;
+  const int64_t D = p.D, Lq = p.Lq;
   const int64_t b = task.b, kvh = task.kvh, r0 = task.r0, t0 = task.t0, t1 = task.t1;
   const int64_t nr = task.r1 - task.r0;
   Scratch& s = scratch();
@@ -131,22 +131,21 @@ void attend(const Plan& pl, const Task& task) {
 
   // The group's rows are contiguous in q: row r of the group is query head kvh * rep + r / Lq,
   // query row r % Lq.
-  const int64_t qrow0 = (b * p.Hq + kvh * pl.rep) * Lq;
   for (int64_t r = 0; r < nr; ++r) {
-    const int64_t qrow = qrow0 + r0 + r;
+    const int64_t h = kvh * pl.rep + (r0 + r) / Lq, i = (r0 + r) % Lq;
     float* qr = s.q.data() + r * D;
-    for (int64_t d = 0; d < D; ++d) qr[d] = ld<T>(p.q, qrow * D + d);
-    const int64_t pos = N - Lq + (r0 + r) % Lq;
+    const int64_t qoff = pl.qm.at(b, h, i);
+    for (int64_t d = 0; d < D; ++d) qr[d] = ld<T>(p.q, qoff + d);
+    const int64_t pos = i < task.lq ? task.n - task.lq + i : -1;  // -1: a padding row sees nothing
     s.hi[size_t(r)] = pos;
     s.lo[size_t(r)] = pl.window > 0 ? std::max<int64_t>(0, pos - pl.window + 1) : 0;
-    s.mrow[size_t(r)] = (p.bool_mask || p.float_mask) ? qrow * N : 0;  // offset into the masks
+    s.mrow[size_t(r)] = (p.bool_mask || p.float_mask) ? pl.mm.at(b, h, i) : 0;  // offset into the masks
     SoftmaxState st{kNegInf, 0.0f, task.o + r * D};
     st.reset(D);  // no key seen yet
     task.m[r] = st.m;
     task.l[r] = st.l;
   }
 
-  const int64_t krow0 = (b * p.Hkv + kvh) * N;  // the group's first row in [B, Hkv, N]
   const auto* bm8 = static_cast<const uint8_t*>(p.bool_mask);
   const auto* bm32 = static_cast<const uint32_t*>(p.bool_mask);
   const bool bm_u8 = p.bool_mask_type == BoolMaskType::u8;
@@ -171,7 +170,7 @@ void attend(const Plan& pl, const Task& task) {
           if (fm == kNegInf) continue;
         }
         if (!have_k) {
-          dequantize_row<T>(p.k, krow0 + t, D, s.kf.data());
+          dequantize_row<T>(p.k, pl.km.row(b, kvh, t), D, s.kf.data());
           have_k = true;
         }
         x = scale * dot(s.q.data() + r * D, s.kf.data(), D) + fm;
@@ -206,7 +205,7 @@ void attend(const Plan& pl, const Task& task) {
     int64_t nlive = 0;
     for (int64_t tt = 0; tt < tn; ++tt) {
       if (!s.live[size_t(tt)]) continue;
-      dequantize_row<T>(p.v, krow0 + ta + tt, D, s.vt.data() + nlive * D);
+      dequantize_row<T>(p.v, pl.vm.row(b, kvh, ta + tt), D, s.vt.data() + nlive * D);
       s.live_idx[size_t(nlive++)] = tt;
     }
     if (nlive == 0) continue;

@@ -192,7 +192,10 @@ bool Attend(const Plan& pl, const Task& task) {
   const int64_t NV = int64_t(vb == 2 ? hn::Lanes(DV<2>()) : vb == 4 ? hn::Lanes(DV<4>()) : hn::Lanes(DV<8>()));
   if ((NV & (NV - 1)) != 0) return false;
 
-  const int64_t D = p.D, N = p.N, Lq = p.Lq;
+  // Tiles are runs of consecutive rows (token stride 1; a paged cache's tiles end at its pages);
+  // other layouts take the portable kernel.
+  if (pl.km.token_stride != 1 || pl.vm.token_stride != 1) return false;
+  const int64_t D = p.D, Lq = p.Lq;
   const int64_t nr = task.r1 - task.r0;
   const int kb = p.k.format.bits;
   const int64_t kper = 32 / kb, wpr = D / kper, wprp = (wpr + 3) / 4 * 4, nquad = wprp / 4;
@@ -212,15 +215,15 @@ bool Attend(const Plan& pl, const Task& task) {
   const Buffers bf = carve(cv, nr, D, Dp, npairs, NL, two, ngk, ngv, wprp);
 
   // ---- the rows: q in int16 pieces, positions, mask offsets, empty states
-  const int64_t qrow0 = (task.b * p.Hq + task.kvh * pl.rep) * Lq;
   const int32_t hk = 1 << (kb - 1);
   int64_t minpos = std::numeric_limits<int64_t>::max(), maxlo = 0;
   int64_t rb0 = 0, rbn = k_rows(nr, 0);  // the K row block of row r
   for (int64_t r = 0; r < nr; ++r) {
-    const int64_t qrow = qrow0 + task.r0 + r;
-    bf.pos[r] = N - Lq + (task.r0 + r) % Lq;
+    const int64_t hq = task.kvh * pl.rep + (task.r0 + r) / Lq, iq = (task.r0 + r) % Lq;
+    const int64_t qoff = pl.qm.at(task.b, hq, iq);
+    bf.pos[r] = iq < task.lq ? task.n - task.lq + iq : -1;  // -1: a padding row sees nothing
     bf.lo[r] = pl.window > 0 ? std::max<int64_t>(0, bf.pos[r] - pl.window + 1) : 0;
-    bf.mrow[r] = (p.bool_mask || p.float_mask) ? qrow * N : 0;
+    bf.mrow[r] = (p.bool_mask || p.float_mask) ? pl.mm.at(task.b, hq, iq) : 0;
     minpos = std::min(minpos, bf.pos[r]);
     maxlo = std::max(maxlo, bf.lo[r]);
     task.m[r] = kNegInf;
@@ -228,7 +231,7 @@ bool Attend(const Plan& pl, const Task& task) {
 
     float amax = 0.0f;
     for (int64_t d = 0; d < D; ++d) {
-      bf.qf[d] = load_f32(p.q, T, qrow * D + d);
+      bf.qf[d] = load_f32(p.q, T, qoff + d);
       amax = std::max(amax, std::fabs(bf.qf[d]));
     }
     for (int64_t d = 0; d < D; ++d) amax = std::isnan(bf.qf[d]) ? bf.qf[d] : amax;
@@ -281,7 +284,6 @@ bool Attend(const Plan& pl, const Task& task) {
   std::fill(bf.O, bf.O + nr * D, 0.0f);
   std::fill(bf.zb, bf.zb + nr * ngv * NL, 0.0f);
 
-  const int64_t krow0 = (task.b * p.Hkv + task.kvh) * N;
   const auto* bm8 = static_cast<const uint8_t*>(p.bool_mask);
   const auto* bm32 = static_cast<const uint32_t*>(p.bool_mask);
   const bool bm_u8 = p.bool_mask_type == BoolMaskType::u8;
@@ -293,40 +295,47 @@ bool Attend(const Plan& pl, const Task& task) {
            bf.al,   bf.h1, bf.h2, bf.cq, bf.ks, bf.kz, bf.x,  nullptr, 0};
   VArgs va{nullptr, vrow_bytes, 0, bf.P, bf.Pi, bf.sig, nr, p.v.format.group, D, bf.O, nullptr, 0};
 
-  for (int64_t ta = task.t0; ta < task.t1; ta += kTile) {
-    const int64_t tn = std::min(kTile, task.t1 - ta);
+  // The tile at ta: at most kTile tokens, none past the end of a page of K or V.
+  const auto tile_len = [&](int64_t ta) {
+    return std::min({kTile, task.t1 - ta, pl.km.page_rest(ta), pl.vm.page_rest(ta)});
+  };
+  for (int64_t ta = task.t0, tn = 0; ta < task.t1; ta += tn) {
+    tn = tile_len(ta);
     const int64_t nlg = (tn + NL - 1) / NL, nt = nlg * NL;
+    const int64_t krow = pl.km.row(task.b, task.kvh, ta), vrow = pl.vm.row(task.b, task.kvh, ta);
 
     // 0. the next tile: its scales and biases now, its K and V rows a part at a time inside the
     // kernels below (prefetch_part).
-    const int64_t n1 = std::min(kTile, task.t1 - ta - kTile), row1 = krow0 + ta + kTile;
-    ka.ahead = n1 > 0 ? reinterpret_cast<const char*>(p.k.packed + row1 * wpr) : nullptr;
+    const int64_t n1 = ta + tn < task.t1 ? tile_len(ta + tn) : 0;
+    const int64_t krow1 = n1 > 0 ? pl.km.row(task.b, task.kvh, ta + tn) : 0;
+    const int64_t vrow1 = n1 > 0 ? pl.vm.row(task.b, task.kvh, ta + tn) : 0;
+    ka.ahead = n1 > 0 ? reinterpret_cast<const char*>(p.k.packed + krow1 * wpr) : nullptr;
     ka.ahead_bytes = n1 * wpr * 4;
-    va.ahead = n1 > 0 ? reinterpret_cast<const char*>(p.v.packed) + row1 * vrow_bytes : nullptr;
+    va.ahead = n1 > 0 ? reinterpret_cast<const char*>(p.v.packed) + vrow1 * vrow_bytes : nullptr;
     va.ahead_bytes = n1 * vrow_bytes;
     if (n1 > 0) {
       const size_t ts = T == DType::f32 ? 4 : 2;
       for (const void* a : {p.k.scales, p.k.biases})
-        prefetch_part(static_cast<const char*>(a) + size_t(row1 * ngk) * ts, n1 * ngk * int64_t(ts), 0, 1);
+        prefetch_part(static_cast<const char*>(a) + size_t(krow1 * ngk) * ts, n1 * ngk * int64_t(ts), 0, 1);
       for (const void* a : {p.v.scales, p.v.biases})
-        prefetch_part(static_cast<const char*>(a) + size_t(row1 * ngv) * ts, n1 * ngv * int64_t(ts), 0, 1);
+        prefetch_part(static_cast<const char*>(a) + size_t(vrow1 * ngv) * ts, n1 * ngv * int64_t(ts), 0, 1);
     }
 
     // 1. the tile's K rows are read in place, or (a tile shorter than the lane groups, rows that
     // are not a whole number of 16-byte pieces) from a copy padded with the last row and zeros.
     if (tn == nt && wpr == wprp) {
-      ka.krows = p.k.packed + (krow0 + ta) * wpr;
+      ka.krows = p.k.packed + krow * wpr;
       ka.kstride = wpr;
     } else {
       for (int64_t t = 0; t < nt; ++t) {
         uint32_t* dst = bf.kbuf + t * wprp;
-        std::memcpy(dst, p.k.packed + (krow0 + ta + std::min(t, tn - 1)) * wpr, size_t(wpr) * 4);
+        std::memcpy(dst, p.k.packed + (krow + std::min(t, tn - 1)) * wpr, size_t(wpr) * 4);
         std::fill(dst + wpr, dst + wprp, 0u);
       }
       ka.krows = bf.kbuf;
       ka.kstride = wprp;
     }
-    tile_params(T, p.k.scales, p.k.biases, krow0 + ta, tn, ngk, nt, float(hk), bf.tmp, bf.ks, bf.kz);
+    tile_params(T, p.k.scales, p.k.biases, krow, tn, ngk, nt, float(hk), bf.tmp, bf.ks, bf.kz);
 
     // 2. logits
     ka.nlg = nlg;
@@ -395,7 +404,7 @@ bool Attend(const Plan& pl, const Task& task) {
       for (int64_t i = 0; i < nt && !any; i += NL)
         any = !hn::AllTrue(df, hn::Eq(hn::Load(df, bf.x + r * kTile + i), hn::Zero(df)));
     if (!any) continue;
-    tile_params(T, p.v.scales, p.v.biases, krow0 + ta, tn, ngv, nt, hv, bf.tmp, bf.vs, bf.vz);
+    tile_params(T, p.v.scales, p.v.biases, vrow, tn, ngv, nt, hv, bf.tmp, bf.vs, bf.vz);
     for (int64_t r = 0; r < nr; ++r)
       for (int64_t g = 0; g < ngv; ++g) {
         float* pr = bf.P + (g * nr + r) * kTile;
@@ -422,7 +431,7 @@ bool Attend(const Plan& pl, const Task& task) {
       }
 
     // 6. values
-    va.vrows = reinterpret_cast<const uint8_t*>(p.v.packed) + (krow0 + ta) * vrow_bytes;
+    va.vrows = reinterpret_cast<const uint8_t*>(p.v.packed) + vrow * vrow_bytes;
     va.tn = tn;
     for (int64_t r = 0; r < nr; r += v_rows(vb, nr, r)) v_kernel(vb, v_rows(vb, nr, r), vint)(va, r);
   }

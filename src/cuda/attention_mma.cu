@@ -27,6 +27,22 @@ constexpr int64_t kMaxRows = 64;  // query rows per KV head (rep * Lq)
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
+// Caches other than the dense [B, Hkv, N] the kernel reads tile by tile (mma_kernel.cuh): K and
+// V in one layout, consecutive tokens in consecutive rows, no tile across two pages, and strides
+// that keep each tile's scale span at the same 16-byte phase (rows of ng * 2 bytes).
+bool layout_ok(const AttnArgs& a) {
+  const detail::RowMap &k = a.kmap, &v = a.vmap;
+  if (k.token_stride != 1 || v.token_stride != 1 || k.head_stride != v.head_stride ||
+      k.batch_stride != v.batch_stride || k.block_table != v.block_table || k.bt_stride != v.bt_stride ||
+      k.page_stride != v.page_stride || k.page_shift != v.page_shift)
+    return false;
+  if (k.block_table && (int64_t(1) << k.page_shift) < mmak::kTileTokens) return false;
+  const int64_t span = (a.D / a.k_group) * 2;  // bytes of scales per row (f16 / bf16)
+  for (int64_t st : {k.head_stride, k.block_table ? k.page_stride : k.batch_stride})
+    if ((st * span) % 16 != 0) return false;
+  return true;
+}
+
 // Query rows per block: 16 (two n-tiles of 8) when there are more than 8 and D <= 128; D = 256
 // keeps one n-tile (the Oᵀ accumulators would not fit in registers) and adds row tiles.
 int n_tiles(const AttnArgs& a) { return (a.Hq / a.Hkv * a.Lq > 8 && a.D <= 128) ? 2 : 1; }
@@ -104,6 +120,7 @@ bool mma_supports(const AttnArgs& a) {
   if (a.Hkv <= 0 || a.Hq % a.Hkv != 0) return false;
   if (a.Hq / a.Hkv * a.Lq > kMaxRows) return false;
   if (a.B * a.Hkv * ((a.Hq / a.Hkv * a.Lq + 7) / 8) > int64_t(INT32_MAX)) return false;  // grid.x
+  if (!a.dense && !layout_ok(a)) return false;
   return aligned16(a.k_packed) && aligned16(a.v_packed) && aligned16(a.k_scales) && aligned16(a.k_biases) &&
          aligned16(a.v_scales) && aligned16(a.v_biases);
 }

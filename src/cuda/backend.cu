@@ -172,6 +172,14 @@ AttnArgs make_args(const AttentionParams& p) {
   a.v_group = p.v.format.group;
   a.bool_mask_u32 = p.bool_mask_type == BoolMaskType::u32 ? 1 : 0;
   a.dtype = int(p.dtype);
+  a.kmap = resolve_layout(p.k.layout, p.Hkv, p.N);
+  a.vmap = resolve_layout(p.v.layout, p.Hkv, p.N);
+  a.dense = a.kmap.dense(p.Hkv, p.N) && a.vmap.dense(p.Hkv, p.N);
+  a.qmap = resolve_strides(p.q_strides, p.Hq, p.Lq, p.D);
+  a.omap = resolve_strides(p.out_strides, p.Hq, p.Lq, p.D);
+  a.mmap = resolve_strides(p.mask_strides, p.Hq, p.Lq, p.N);
+  a.kv_lens = p.kv_lens;
+  a.q_lens = p.q_lens;
   return a;
 }
 
@@ -218,8 +226,11 @@ Plan make_plan(AttnArgs& a, int sms, bool allow_mma = true) {
   min_tokens = std::max(min_tokens, kPartialsRatio * partial_bytes / std::max<int64_t>(1, token_bytes));
   min_tokens = (min_tokens + tile - 1) / tile * tile;
 
-  // Tokens before t_begin are outside every row's window (the first row sits at N - Lq).
-  a.t_begin = a.window > 0 ? std::max<int64_t>(0, a.N - a.Lq - a.window + 1) : 0;
+  // Tokens before t_begin are outside every row's window (the first row sits at N - Lq); with
+  // per-sequence lengths each block finds its own first token. A multiple of the token tile, so
+  // that no tile straddles two pages of a paged cache.
+  a.t_begin = a.window > 0 && !a.kv_lens && !a.q_lens ? std::max<int64_t>(0, a.N - a.Lq - a.window + 1) : 0;
+  a.t_begin = a.t_begin / tile * tile;
   const int64_t span = a.N - a.t_begin;
   const int64_t slots = std::max<int64_t>(1, int64_t(sms) * std::max(1, per_sm));
   const int64_t most = std::clamp<int64_t>(span / min_tokens, 1, kMaxSplits);
@@ -410,6 +421,10 @@ Status run_attention(const AttentionParams& p, bool allow_mma) {
                                  {p.sinks, "sinks"},
                                  {kv ? p.bool_mask : nullptr, "bool_mask"},
                                  {kv ? p.float_mask : nullptr, "float_mask"},
+                                 {kv ? p.k.layout.block_table : nullptr, "k.layout.block_table"},
+                                 {kv ? p.v.layout.block_table : nullptr, "v.layout.block_table"},
+                                 {p.kv_lens, "kv_lens"},
+                                 {p.q_lens, "q_lens"},
                                  {p.workspace, "workspace"}},
                                 &dev);
       !s)
@@ -417,10 +432,11 @@ Status run_attention(const AttentionParams& p, bool allow_mma) {
   DeviceGuard guard(dev);
   const auto stream = static_cast<cudaStream_t>(p.stream);
 
-  if (p.N == 0) {  // no key at all: out is zeros (0 bits are 0 in f32, f16 and bf16)
-    const size_t bytes = size_t(p.B * p.Hq * p.Lq * p.D) * dtype_size(p.dtype);
-    if (cudaError_t e = cudaMemsetAsync(p.out, 0, bytes, stream); e != cudaSuccess)
-      return cuda_status(e, "cudaMemsetAsync(out)");
+  if (p.N == 0) {  // no key at all: out is zeros, written by the combine step with no splits
+    AttnArgs a = make_args(p);
+    a.num_splits = 0;
+    if (cudaError_t e = cuda::combine_launch(a, stream); e != cudaSuccess)
+      return cuda_status(e, "attention (combine kernel) launch");
     return make_status(StatusCode::ok, "", Backend::cuda);
   }
 
@@ -478,6 +494,28 @@ Status cuda_quantize(const QuantizeParams& p) {
   return make_status(StatusCode::ok, "", Backend::cuda);
 }
 
+Status cuda_append(const AppendParams& p) {
+  int dev = 0;
+  if (Status s = check_pointers({{p.k, "k"},
+                                 {p.v, "v"},
+                                 {p.k_cache.packed, "k_cache.packed"},
+                                 {p.k_cache.scales, "k_cache.scales"},
+                                 {p.k_cache.biases, "k_cache.biases"},
+                                 {p.v_cache.packed, "v_cache.packed"},
+                                 {p.v_cache.scales, "v_cache.scales"},
+                                 {p.v_cache.biases, "v_cache.biases"},
+                                 {p.k_cache.layout.block_table, "k_cache.layout.block_table"},
+                                 {p.v_cache.layout.block_table, "v_cache.layout.block_table"},
+                                 {p.kv_lens, "kv_lens"}},
+                                &dev);
+      !s)
+    return s;
+  DeviceGuard guard(dev);
+  if (cudaError_t e = cuda::append_launch(p, static_cast<cudaStream_t>(p.stream)); e != cudaSuccess)
+    return cuda_status(e, "append kernel launch");
+  return make_status(StatusCode::ok, "", Backend::cuda);
+}
+
 Status cuda_dequantize(const DequantizeParams& p) {
   int dev = 0;
   if (Status s = check_pointers({{p.packed, "packed"}, {p.scales, "scales"}, {p.biases, "biases"}, {p.w, "w"}}, &dev);
@@ -493,4 +531,9 @@ Status cuda_dequantize(const DequantizeParams& p) {
 
 qsdpa::Status qsdpa::cuda::attention_generic_kernel(const AttentionParams& p) {
   return detail::run_attention(p, false);
+}
+
+bool qsdpa::cuda::uses_tensor_cores(const AttentionParams& p) {
+  const qsdpa::cuda::AttnArgs a = detail::make_args(p);
+  return detail::use_tensor_cores(a);
 }

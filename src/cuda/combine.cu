@@ -1,6 +1,8 @@
 // The split-K combine step (split_kv.cuh): for each query row, merge the (m, l, o) partials of all
 // splits with the row's sink, divide, and round to T once. Rows with no visible key get zeros,
-// with or without a sink (SPEC section 3). Every element of `out` is written.
+// with or without a sink (SPEC section 3), and so do rows past their sequence's q_lens[b] (no split
+// sees a key for them). Every element of `out` is written, at out's strides. With no split at all
+// (N = 0) it writes zeros.
 //
 // One block per row (grid-strided); each thread owns 4 consecutive elements of D, so the o
 // partials of one split are read as coalesced 16-byte loads. The per-split scalars (m, l) are read
@@ -28,7 +30,6 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
   const int lane = int(threadIdx.x) & 31;
   const int d0 = int(threadIdx.x) * 4;
   const bool active = d0 < D;
-  const bool vec_out = a.dtype == kF32 && (reinterpret_cast<uintptr_t>(a.out) & 15) == 0;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const float* pm = a.part_m + row;
     const float* pl = a.part_l + row;
@@ -83,8 +84,9 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
       for (int e = 0; e < 4; ++e) r[e] *= inv;
     }
     if (!active) continue;
-    const int64_t base = row * D + d0;
-    if (vec_out) {
+    const int64_t bq = row / a.Lq, b = bq / a.Hq, h = bq - b * a.Hq, i = row - bq * a.Lq;
+    const int64_t base = a.omap.at(b, h, i) + d0;
+    if (a.dtype == kF32 && (reinterpret_cast<uintptr_t>(static_cast<float*>(a.out) + base) & 15) == 0) {
       *reinterpret_cast<float4*>(static_cast<float*>(a.out) + base) = make_float4(r[0], r[1], r[2], r[3]);
     } else {
 #pragma unroll

@@ -218,13 +218,45 @@ __device__ __forceinline__ void copy_k_rows(unsigned char* dst, const uint32_t* 
   }
 }
 
+// Tokens [t0, t0 + nt) of (b, KV head h) of one cache in any layout, into a tile buffer: packed rows
+// at `stride` words, scales and biases at `sbytes` bytes per row. One thread per 4 bytes (scales
+// and biases hold whole 2-byte or 4-byte values, and a row of them is at least 2 bytes).
+__device__ __forceinline__ void gather_rows(const detail::RowMap& m, const uint32_t* packed, const void* scales,
+                                            const void* biases, int words, int stride, int sbytes, int64_t b,
+                                            int64_t h, int64_t t0, int nt, unsigned char* dst_p,
+                                            unsigned char* dst_s, unsigned char* dst_b, int tid) {
+  auto* dp = reinterpret_cast<uint32_t*>(dst_p);
+  for (int u = tid; u < nt * words; u += kThreads) {
+    const int j = u / words, w = u - j * words;
+    dp[j * stride + w] = packed[m.row(b, h, t0 + j) * words + w];
+  }
+  const auto* s8 = static_cast<const unsigned char*>(scales);
+  const auto* b8 = static_cast<const unsigned char*>(biases);
+  const int halves = sbytes / 2;  // 2-byte pieces per row
+  for (int u = tid; u < nt * halves; u += kThreads) {
+    const int j = u / halves, c = u - j * halves;
+    const int64_t off = m.row(b, h, t0 + j) * sbytes + 2 * c;
+    reinterpret_cast<uint16_t*>(dst_s + j * sbytes)[c] = *reinterpret_cast<const uint16_t*>(s8 + off);
+    reinterpret_cast<uint16_t*>(dst_b + j * sbytes)[c] = *reinterpret_cast<const uint16_t*>(b8 + off);
+  }
+}
+
 // Starts the asynchronous copy of tokens [t0, t0 + nt) of (b, KV head) bh into tile buffer st.
 // The source addresses are recomputed from the kernel parameters on each call rather than kept
 // in registers through the token loop.
 __device__ __forceinline__ void issue_tile(const AttnArgs& a, const Geometry& g, int64_t bh, int64_t t0, int nt,
                                            unsigned char* st, int tid) {
-  const int64_t row = bh * a.N + t0;  // first cache row of the tile
   const int ts = dtype_bytes(a.dtype);
+  if (!a.dense) {  // any layout: row by row, with plain loads (the copy still ends a cp.async group)
+    const int64_t b = bh / a.Hkv, h = bh - b * a.Hkv;
+    gather_rows(a.kmap, a.k_packed, a.k_scales, a.k_biases, g.k_words, g.k_stride, g.k_groups * ts, b, h, t0, nt, st,
+                st + g.off_ks, st + g.off_kb, tid);
+    gather_rows(a.vmap, a.v_packed, a.v_scales, a.v_biases, g.v_words, g.v_words, g.v_groups * ts, b, h, t0, nt,
+                st + g.off_v, st + g.off_vs, st + g.off_vb, tid);
+    cp_async_commit();
+    return;
+  }
+  const int64_t row = bh * a.N + t0;  // first cache row of the tile
   const uint32_t* krows = a.k_packed + row * g.k_words;
   if ((reinterpret_cast<uintptr_t>(a.k_packed) & 7) == 0)  // rows hold an even number of words
     copy_k_rows<8>(st, krows, nt, g.k_words, g.k_stride, tid);
@@ -265,6 +297,9 @@ __global__ void __launch_bounds__(kThreads) generic_attention_kernel(const AttnA
   const int64_t bh = idx / a.num_splits;  // b * Hkv + KV head
   const int64_t b = bh / a.Hkv, kvh = bh % a.Hkv;
   const int64_t N = a.N, Lq = a.Lq, rep = a.Hq / a.Hkv;
+  // This sequence's tokens and query rows: row i sits at position n - lq + i; rows i >= lq are
+  // padding that sees no key.
+  const int64_t n = detail::seq_kv_len(a.kv_lens, b, N), lq = detail::seq_q_len(a.q_lens, b, Lq, n);
   const int64_t gr0 = rtile * g.rows;  // first row of the block within its GQA group
   const int nrows = int(min(int64_t(g.rows), rep * Lq - gr0));
   const int64_t row0 = (b * a.Hq + kvh * rep) * Lq + gr0;  // its index in [B, Hq, Lq]
@@ -274,11 +309,12 @@ __global__ void __launch_bounds__(kThreads) generic_attention_kernel(const AttnA
   // Tokens of this block: the split's chunk, clipped to what its rows can see.
   int64_t i_lo = 0, i_hi = Lq - 1;
   if (const int64_t i0 = gr0 % Lq; nrows < Lq && i0 + nrows <= Lq) i_lo = i0, i_hi = i0 + nrows - 1;
+  i_hi = min(i_hi, lq - 1);  // the last row that is not padding (< i_lo: none)
   const int64_t s0 = a.t_begin + int64_t(split) * a.chunk;
   int64_t t_lo = s0;
-  if (a.window > 0) t_lo = max(t_lo, N - Lq + i_lo - a.window + 1);
+  if (a.window > 0) t_lo = max(t_lo, n - lq + i_lo - a.window + 1);
   t_lo = max(t_lo, int64_t(0));
-  const int64_t t_hi = min(min(s0 + a.chunk, N), N - Lq + i_hi + 1);  // exclusive
+  const int64_t t_hi = i_hi < i_lo ? t_lo : min(min(s0 + a.chunk, n), n - lq + i_hi + 1);  // exclusive
 
   if (t_lo >= t_hi) {  // nothing visible: the combine skips o where m is -inf
     const int64_t pi = int64_t(split) * total_rows + row0;
@@ -288,6 +324,15 @@ __global__ void __launch_bounds__(kThreads) generic_attention_kernel(const AttnA
 
   const int ts = dtype_bytes(a.dtype);
   issue_tile(a, g, bh, t_lo, int(min(int64_t(g.tile), t_hi - t_lo)), stages, tid);
+  // element offsets of the block's row r in q and in the masks
+  const auto q_off = [&](int64_t r) {
+    const int64_t gr = gr0 + r, hl = gr / Lq;
+    return a.qmap.at(b, kvh * rep + hl, gr - hl * Lq);
+  };
+  const auto m_off = [&](int64_t r) {
+    const int64_t gr = gr0 + r, hl = gr / Lq;
+    return a.mmap.at(b, kvh * rep + hl, gr - hl * Lq);
+  };
 
   // Queries, pre-scaled by scale * log2(e) so that the softmax runs on exp2.
   // Loaded kQBatch per thread at a time, then stored: a few memory latencies for the block rather
@@ -301,7 +346,7 @@ __global__ void __launch_bounds__(kThreads) generic_attention_kernel(const AttnA
 #pragma unroll
       for (int k = 0; k < kQBatch; ++k) {
         const int e = e0 + k * kThreads, r = e / D, d = e - r * D;
-        v[k] = e < total && r < nrows ? load_t(a.q, a.dtype, (row0 + r) * D + d) : 0.f;
+        v[k] = e < total && r < nrows ? load_t(a.q, a.dtype, q_off(r) + d) : 0.f;
       }
 #pragma unroll
       for (int k = 0; k < kQBatch; ++k) {
@@ -314,8 +359,9 @@ __global__ void __launch_bounds__(kThreads) generic_attention_kernel(const AttnA
   for (int r = tid; r < g.rows_pad; r += kThreads) {
     m_s[r] = -INFINITY;
     l_s[r] = 0.f;
-    pos_s[r] = r < nrows ? N - Lq + (gr0 + r) % Lq : -1;
-    mrow_s[r] = r < nrows ? (row0 + r) * N : 0;
+    const int64_t i = (gr0 + r) % Lq;
+    pos_s[r] = r < nrows && i < lq ? n - lq + i : -1;
+    mrow_s[r] = r < nrows ? m_off(r) : 0;
   }
   __syncthreads();
   for (int e = tid; e < g.k_groups * g.rows_pad; e += kThreads) {

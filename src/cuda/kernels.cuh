@@ -34,5 +34,7 @@ cudaError_t combine_launch(const AttnArgs& a, cudaStream_t s);
 // ---- quantize / dequantize (quantize.cu): bit-identical to the host quantizer ----------------
 cudaError_t quantize_launch(const QuantizeParams& p, cudaStream_t s);
 cudaError_t dequantize_launch(const DequantizeParams& p, cudaStream_t s);
+// append (AppendParams): K and V rows of every layer, sequence and head in one launch.
+cudaError_t append_launch(const AppendParams& p, cudaStream_t s);
 
 }  // namespace qsdpa::cuda

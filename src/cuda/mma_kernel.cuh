@@ -94,14 +94,18 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? 2 : 3) at
   const int split = int(blockIdx.y);
   const int64_t b = bh / a.Hkv, kvh = bh - b * a.Hkv;
   const int r0 = rtile * kRT, nrows = min(kRT, R - r0);
+  // This sequence's tokens and query rows (per-sequence lengths; N and Lq without them). Row i
+  // sits at position n - lq + i; rows i >= lq are padding that sees no key.
+  const int64_t n = detail::seq_kv_len(a.kv_lens, b, N);
+  const int lq = int(detail::seq_q_len(a.q_lens, b, Lq, n));
   const int G = a.k_group, ng = D / G, lbpg = G == 32 ? 0 : G == 64 ? 1 : 2, bpg_mask = (1 << lbpg) - 1;
   const int64_t rows_total = a.B * a.Hq * a.Lq;
 
   // ---- this block's tokens; tiles before the sliding window of every row are skipped --------
   int64_t tb = a.t_begin + int64_t(split) * a.chunk;
-  const int64_t te = N < tb + a.chunk ? N : tb + a.chunk;
+  const int64_t te = n < tb + a.chunk ? n : tb + a.chunk;
   if (a.window > 0) {
-    const int64_t lo = N - Lq - a.window + 1;
+    const int64_t lo = n - lq - a.window + 1;
     if (lo > tb) tb += (lo - tb) / kTW * kTW;
   }
   const int64_t ntiles = te > tb ? (te - tb + kTW - 1) / kTW : 0;
@@ -115,11 +119,15 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? 2 : 3) at
   const uint32_t wring = smem_addr(smem) + uint32_t(warp * STAGES * S::kStage);
   const int64_t tile_step = int64_t(kWarps) * kTW;  // tokens from one of the warp's tiles to the next
   const int64_t t_first = tb + int64_t(warp) * kTW;
+  // The cache row of the warp's first tile. A dense cache is [B, Hkv, N]; otherwise (a capacity,
+  // a paged pool: mma_supports) K and V share one layout of token stride 1, each tile lies in
+  // one page, and every stride keeps the 16-byte phase of the scale spans.
+  const int64_t row_first = a.dense ? bh * N + t_first : t_first < te ? a.kmap.row(b, kvh, t_first) : 0;
   // lane's first piece of the warp's first tile (piece i = lane + 32 k sits at byte 16 i)
-  const uint8_t* gk = reinterpret_cast<const uint8_t*>(a.k_packed) + (bh * N + t_first) * kRB + lane * 16;
-  const uint8_t* gv = reinterpret_cast<const uint8_t*>(a.v_packed) + (bh * N + t_first) * kRB + lane * 16;
+  const uint8_t* gk = reinterpret_cast<const uint8_t*>(a.k_packed) + row_first * kRB + lane * 16;
+  const uint8_t* gv = reinterpret_cast<const uint8_t*>(a.v_packed) + row_first * kRB + lane * 16;
   const int sc_lane_arr = lane >> 3, sc_lane_k = lane & 7;  // this lane copies scale tensor lane/8
-  const int64_t o_first = (bh * N + t_first) * ng * 2;
+  const int64_t o_first = row_first * ng * 2;
   const int soff = int(o_first & 15);
   const uint8_t* gsc = static_cast<const uint8_t*>(sc_lane_arr == 0   ? a.k_scales
                                                    : sc_lane_arr == 1 ? a.k_biases
@@ -137,8 +145,10 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? 2 : 3) at
   auto issue = [&](int64_t it, int stage) {
     const int64_t left = te - (t_first + it * tile_step);
     const uint32_t sk = wring + uint32_t(stage * S::kStage), sv = sk + kTW * kRB, ss = sv + kTW * kRB;
-    const uint8_t* pk = gk + it * (tile_step * kRB);
-    const uint8_t* pv = gv + it * (tile_step * kRB);
+    // rows from the first tile to this one
+    const int64_t delta = a.dense ? it * tile_step : a.kmap.row(b, kvh, t_first + it * tile_step) - row_first;
+    const uint8_t* pk = gk + delta * kRB;
+    const uint8_t* pv = gv + delta * kRB;
     if (left >= kTW) {
 #pragma unroll
       for (int k = 0; k < kC; ++k) {
@@ -154,7 +164,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? 2 : 3) at
       }
     }
     const int vlen = soff + int(left < kTW ? left : kTW) * ng * 2;  // valid bytes of the span
-    const uint8_t* ps = gsc + it * (tile_step * ng * 2);
+    const uint8_t* ps = gsc + delta * ng * 2;
     const uint32_t sd = ss + uint32_t(sc_lane_arr * kSCB + sc_lane_k * 16);
     for (int k = sc_lane_k, j = 0; k < nch; k += 8, ++j) {
       const int rest = vlen - 16 * k, n = rest <= 0 ? 0 : rest >= 16 ? 16 : rest;
@@ -179,6 +189,15 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? 2 : 3) at
     const int r = r0 + lr, hl = r / Lq, i = r - hl * Lq;
     return (b * a.Hq + kvh * rep + hl) * a.Lq + i;
   };
+  // element offsets of row lr in q and in the masks
+  const auto q_off = [&](int lr) {
+    const int r = r0 + lr, hl = r / Lq, i = r - hl * Lq;
+    return a.qmap.at(b, kvh * rep + hl, i);
+  };
+  const auto m_off = [&](int lr) {
+    const int r = r0 + lr, hl = r / Lq, i = r - hl * Lq;
+    return a.mmap.at(b, kvh * rep + hl, i);
+  };
   {
     // All loads first, then the stores: one memory latency for the block, not one per element
     // (the generic stores could otherwise alias the loads and serialize them).
@@ -188,7 +207,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? 2 : 3) at
 #pragma unroll
     for (int k = 0; k < kQPer; ++k) {
       const int idx = tid + k * kWarps * 32, lr = idx / D, d = idx - lr * D;
-      qv[k] = idx < kRT * D && lr < nrows ? __ldg(q16 + (qrow_of(lr) * D + d)) : uint16_t(0);
+      qv[k] = idx < kRT * D && lr < nrows ? __ldg(q16 + (q_off(lr) + d)) : uint16_t(0);
     }
 #pragma unroll
     for (int k = 0; k < kQPer; ++k) {
@@ -197,8 +216,9 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? 2 : 3) at
     }
     if (tid < kRT) {
       const int r = r0 + tid;
-      rpos[tid] = tid < nrows ? N - Lq + (r - (r / Lq) * Lq) : -1;
-      rmrow[tid] = tid < nrows ? qrow_of(tid) * N : 0;
+      const int i = r - (r / Lq) * Lq;
+      rpos[tid] = tid < nrows && i < lq ? n - lq + i : -1;
+      rmrow[tid] = tid < nrows ? m_off(tid) : 0;
     }
     __syncthreads();
     for (int lr = warp; lr < kRT; lr += kWarps) {
@@ -308,6 +328,8 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? 2 : 3) at
       ldo[u] = uint32_t(tok * kRB + (((2 * u + (mi >> 1)) ^ S::swz(tok)) << 4));
   }
   const bool has_mask = a.bool_mask != nullptr || a.float_mask != nullptr;
+  // The first position of the block's rows (-1 with padding rows: those take the per-element path).
+  const int64_t minpos = lq < Lq ? -1 : n - lq;
   // Per-lane byte offsets inside a tile's scale arrays ([token][group] of T).
   const uint32_t rb_g = uint32_t(g * ng * 2), rb_g8 = uint32_t((g + 8) * ng * 2), rb_mt = uint32_t(32 * ng);
   const uint32_t rb_c2 = uint32_t(2 * c * ng * 2), rb_1 = uint32_t(ng * 2), rb_8 = uint32_t(16 * ng);
@@ -409,7 +431,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? 2 : 3) at
 #pragma unroll
         for (int e = 0; e < 4; ++e) y[mt][nt][e] = fmaf(sc[mt][nt][e], crow[nt][e & 1], -mb[nt][e & 1]);
 
-    const bool fast = !has_mask && t0 + kTW <= te && t0 + kTW - 1 <= N - Lq && (a.window == 0 || t0 >= N - a.window);
+    const bool fast = !has_mask && t0 + kTW <= te && t0 + kTW - 1 <= minpos && (a.window == 0 || t0 >= n - a.window);
     if (!fast) {  // partial tile, causal or window edge, or masks: per element
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt)

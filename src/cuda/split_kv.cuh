@@ -6,7 +6,8 @@
 //   m[split][row]        f32  running max of the visible logits in the chunk (-inf if none)
 //   l[split][row]        f32  sum of exp(logit - m) over the chunk's visible keys (0 if none)
 //   o[split][row][0..D)  f32  sum of exp(logit - m) * v_hat over the chunk (NOT divided by l)
-// where row = (b * Hq + h) * Lq + i indexes [B, Hq, Lq]. The combine kernel merges the splits,
+// where row = (b * Hq + h) * Lq + i indexes [B, Hq, Lq] (whatever the strides of q and out). A
+// row past its sequence's q_lens[b] sees no key (m = -inf): the combine writes it as zeros. The combine kernel merges the splits,
 // adds the sink (an extra logit sinks[h] with a zero value vector), writes zeros when no key is
 // visible, divides, and rounds to T once. The combine reads o[split][row] only where
 // m[split][row] is finite, so a split with no visible key may leave its o unwritten.
@@ -15,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "../core/layout.hpp"
 #include "qsdpa/qsdpa.hpp"
 
 namespace qsdpa::cuda {
@@ -48,6 +50,14 @@ struct AttnArgs {
   // clipped to [0, N). Tokens before t_begin are outside every row's window, so a sliding window
   // does not pay for splits that see nothing. Every attention kernel honors it.
   int64_t t_begin;
+  // Serving layouts (qsdpa.hpp): where the cache rows live, q / out / mask element strides, and
+  // per-sequence lengths (nullptr: N and Lq; read through seq_kv_len / seq_q_len, which clamp).
+  // `dense`: both caches are [B, Hkv, N] with nothing in between (the kernels' fast addressing).
+  detail::RowMap kmap, vmap;
+  detail::ElemMap qmap, omap, mmap;
+  const int32_t* kv_lens;
+  const int32_t* q_lens;
+  int dense;
 };
 
 // Workspace bytes for a given number of splits.

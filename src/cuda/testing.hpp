@@ -10,4 +10,8 @@ namespace qsdpa::cuda {
 // the tensor-core kernel applies. Uses the library's workspace when p.workspace is null.
 Status attention_generic_kernel(const AttentionParams& p);
 
+// Whether attention() on Backend::cuda would run the tensor-core kernel for p (tests check that
+// the layouts they mean for it reach it).
+bool uses_tensor_cores(const AttentionParams& p);
+
 }  // namespace qsdpa::cuda

@@ -143,8 +143,8 @@ struct Problem {
     p.D = c.D;
     p.q = q.data();
     p.out = out.data();
-    p.k = {c.kf, k.packed.data(), k.scales.data(), k.biases.data()};
-    p.v = {c.vf, v.packed.data(), v.scales.data(), v.biases.data()};
+    p.k = {c.kf, k.packed.data(), k.scales.data(), k.biases.data(), {}};
+    p.v = {c.vf, v.packed.data(), v.scales.data(), v.biases.data(), {}};
     p.sinks = c.sinks ? sinks.data() : nullptr;
     p.bool_mask = bool_mask.empty() ? nullptr : bool_mask.data();
     p.bool_mask_type = c.bool_mask == MaskKind::u32 ? BoolMaskType::u32 : BoolMaskType::u8;

@@ -207,8 +207,8 @@ double run_case(const Cfg& c) {
   p.N = c.N;
   p.D = c.D;
   p.q = q.data();
-  p.k = {{c.bits, c.G}, k.packed.data(), k.scales.data(), k.biases.data()};
-  p.v = {{c.bits, c.G}, v.packed.data(), v.scales.data(), v.biases.data()};
+  p.k = {{c.bits, c.G}, k.packed.data(), k.scales.data(), k.biases.data(), {}};
+  p.v = {{c.bits, c.G}, v.packed.data(), v.scales.data(), v.biases.data(), {}};
   p.sinks = c.sinks ? sinks.data() : nullptr;
   p.bool_mask = c.bmask == 1 ? (const void*)bm8.data() : c.bmask == 2 ? (const void*)bm32.data() : nullptr;
   p.bool_mask_type = c.bmask == 2 ? BoolMaskType::u32 : BoolMaskType::u8;
