@@ -99,6 +99,16 @@ if command -v compute-sanitizer >/dev/null && [ -x "$bin" ]; then
       --gtest_filter='CudaQuantize.StreamAndHostPointerError' >>"$san" 2>&1
     say "compute-sanitizer memcheck (quantize): rc $? in $(($(elapsed) - t0)) s"
   fi
+  sbin="$build/tests/test_cuda_serving"
+  if [ -x "$sbin" ]; then  # the serving layouts: paged, strided, lengths (both kernels), append
+    t0=$(elapsed)
+    echo "===== memcheck serving =====" >>"$san"
+    timeout "$(limit 60 30)" compute-sanitizer --tool memcheck --error-exitcode 17 "$sbin" \
+      --gtest_filter='Cases/CudaServingMma.TensorCoreLayouts/1[0-3]:Cases/CudaServing.HostCases/2[0-3]:CudaAppend.*' \
+      >>"$san" 2>&1
+    say "compute-sanitizer memcheck (serving): rc $? in $(($(elapsed) - t0)) s," \
+      "$(grep -E 'ERROR SUMMARY' "$san" | tail -1)"
+  fi
 else
   say "compute-sanitizer: not run (tool or $bin missing)"
 fi
@@ -111,6 +121,28 @@ if [ -x "$cli" ]; then
   say "bench: rc $? in $(($(elapsed) - t0)) s ($(wc -c <"$out/bench.json") bytes of JSON)"
 else
   say "bench: not run ($cli missing)"
+fi
+
+# ---- serving layouts next to contiguous caches, and the host CPU (QSDPA_GPU_SERVING=1) ----------
+if [ "${QSDPA_GPU_SERVING:-0}" = 1 ] && [ -x "$cli" ]; then
+  t0=$(elapsed)
+  {
+    for bits in 4 8; do
+      for pg in 0 32 64 128 256; do
+        "$cli" bench --backend cuda --no-torch --jsonl --B 8 --N 32768 --bits $bits --paged $pg
+      done
+    done
+    "$cli" bench --backend cuda --no-torch --jsonl --kv-lens 1,17,100000
+    "$cli" bench --backend cuda --no-torch --jsonl --B 1 --N 100000
+    "$cli" bench --backend cuda --no-torch --jsonl --kv-lens 1,17,100000 --paged 64
+    "$cli" bench --backend cuda --no-torch --jsonl --B 8 --N 32768 --k-bits 8 --v-bits 4
+  } >"$out/serving.jsonl" 2>"$out/serving.log"
+  say "serving bench: rc $? in $(($(elapsed) - t0)) s"
+  t0=$(elapsed)
+  { lscpu; echo; taskset -c 0,1 "$cli" bench --backend cpu --threads 2 --N 8192 --bits 4;
+    taskset -c 0,1 "$cli" bench --backend cpu --threads 2 --N 8192 --bits 8;
+    taskset -c 0 "$cli" bench --backend cpu --threads 1 --N 8192 --bits 4; } >"$out/cpu.txt" 2>&1
+  say "cpu bench (2 cores of this host): rc $? in $(($(elapsed) - t0)) s"
 fi
 
 say "total: $(elapsed) s"

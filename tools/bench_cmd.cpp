@@ -116,6 +116,8 @@ json base_record(const std::string& device, const std::string& date, Backend bac
   r["B"] = s.B, r["Hq"] = s.Hq, r["Hkv"] = s.Hkv, r["Lq"] = s.Lq, r["N"] = s.N, r["D"] = s.D;
   r["bits"] = s.k_bits == s.v_bits ? json(s.k_bits) : json(nullptr);
   r["k_bits"] = s.k_bits, r["v_bits"] = s.v_bits, r["group"] = s.group;
+  if (s.paged > 0) r["paged"] = s.paged;
+  if (!s.kv_lens.empty()) r["kv_lens"] = s.kv_lens;
   r["dtype"] = qsdpa::to_string(s.dtype);
   if (s.window) r["window"] = s.window;
   if (s.sinks) r["sinks"] = true;

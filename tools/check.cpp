@@ -33,12 +33,13 @@ void exact_attention(const Problem& p, int64_t b, int64_t h, const std::vector<f
   out->assign(size_t(s.Lq * s.D), 0.0);
   std::vector<double> logit(size_t(s.N)), qd(size_t(s.D));
   std::vector<char> vis(size_t(s.N));
+  const int64_t n = s.kv_lens.empty() ? s.N : s.kv_lens[size_t(b)];  // this sequence's tokens
   for (int64_t i = 0; i < s.Lq; ++i) {
-    const int64_t qrow = (b * s.Hq + h) * s.Lq + i, pos = s.N - s.Lq + i;
+    const int64_t qrow = (b * s.Hq + h) * s.Lq + i, pos = n - s.Lq + i;
     for (int64_t d = 0; d < s.D; ++d) qd[size_t(d)] = double(load_f32(p.q.data(), s.dtype, qrow * s.D + d));
     double m = -std::numeric_limits<double>::infinity();
     bool any = false;
-    for (int64_t t = 0; t < s.N; ++t) {
+    for (int64_t t = 0; t < n; ++t) {
       const int64_t mi = qrow * s.N + t;
       bool visible = t <= pos && (s.window == 0 || t > pos - s.window);
       if (!p.bool_mask.empty())
@@ -65,7 +66,7 @@ void exact_attention(const Problem& p, int64_t b, int64_t h, const std::vector<f
       denom = std::exp(double(p.sinks[size_t(h)]) - m);
     }
     double* o = out->data() + i * s.D;
-    for (int64_t t = 0; t < s.N; ++t) {
+    for (int64_t t = 0; t < n; ++t) {
       if (!vis[size_t(t)]) continue;
       const double w = std::exp(logit[size_t(t)] - m);
       denom += w;
@@ -85,6 +86,11 @@ Status reference_head(const Problem& p, int64_t b, int64_t h, std::vector<uint8_
   out->assign(size_t(s.Lq * s.D) * ts, 0);
   qsdpa::AttentionParams a = p.params(out->data());
   a.B = 1, a.Hq = 1, a.Hkv = 1;
+  // the dense copy of the cache, this sequence's own length (its mask rows keep their N stride)
+  a.k.layout = a.v.layout = {};
+  a.kv_lens = nullptr;
+  a.N = s.kv_lens.empty() ? s.N : s.kv_lens[size_t(b)];
+  a.mask_strides.l = s.N;
   a.q = p.q.data() + size_t(qrow * s.D) * ts;
   if (s.N > 0) {
     a.k.packed = p.k_packed.data() + kv_row * (s.D * s.k_bits / 32);

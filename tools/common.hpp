@@ -27,9 +27,13 @@ struct Shape {
   std::string bool_mask;  // "" (none), "u8" or "u32"
   bool float_mask = false;
   float scale = 0.0f;  // 0: 1/sqrt(D)
+  int64_t paged = 0;             // 0: contiguous caches; else a paged pool of pages of this many tokens
+  std::vector<int32_t> kv_lens;  // per-sequence lengths (B of them, N their maximum), or empty
 
   int64_t rep() const { return Hkv > 0 ? Hq / Hkv : 0; }
   int64_t kv_rows() const { return B * Hkv * N; }
+  // Rows a call reads: the sequences' own lengths where they differ.
+  int64_t kv_rows_used() const;
   int64_t q_elems() const { return B * Hq * Lq * D; }
   int64_t mask_elems() const { return B * Hq * Lq * N; }
   float effective_scale() const;
@@ -46,8 +50,15 @@ struct Problem {
   std::vector<float> sinks;                                // [Hq] or empty
   std::vector<uint8_t> bool_mask;                          // [B, Hq, Lq, N] u8/u32, or empty
   std::vector<uint8_t> float_mask;                         // [B, Hq, Lq, N] T, or empty
+  // Paged (shape.paged > 0): the same rows in a pool of pages in shuffled order, and the block
+  // table [B, ceil(N / paged)] of each sequence's pages. The dense vectors above stay for the
+  // accuracy check.
+  std::vector<uint32_t> k_pool_packed, v_pool_packed;
+  std::vector<uint8_t> k_pool_scales, k_pool_biases, v_pool_scales, v_pool_biases;
+  std::vector<int32_t> block_table;
 
-  // Attention parameters pointing at this host data, writing to `out` ([B, Hq, Lq, D] T).
+  // Attention parameters pointing at this host data, writing to `out` ([B, Hq, Lq, D] T): the
+  // paged pool and the lengths when the shape has them.
   qsdpa::AttentionParams params(void* out) const;
 };
 

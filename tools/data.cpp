@@ -186,7 +186,19 @@ std::string Shape::describe() const {
   if (!bool_mask.empty()) o << " bool-mask=" << bool_mask;
   if (float_mask) o << " float-mask";
   if (scale > 0.0f) o << " scale=" << scale;
+  if (paged > 0) o << " paged=" << paged;
+  if (!kv_lens.empty()) {
+    o << " kv-lens=";
+    for (size_t i = 0; i < kv_lens.size(); ++i) o << (i ? "," : "") << kv_lens[i];
+  }
   return o.str();
+}
+
+int64_t Shape::kv_rows_used() const {
+  if (kv_lens.empty()) return kv_rows();
+  int64_t n = 0;
+  for (int32_t x : kv_lens) n += x;
+  return n * Hkv;
 }
 
 qsdpa::AttentionParams Problem::params(void* out) const {
@@ -195,8 +207,18 @@ qsdpa::AttentionParams Problem::params(void* out) const {
   p.dtype = s.dtype;
   p.B = s.B, p.Hq = s.Hq, p.Hkv = s.Hkv, p.Lq = s.Lq, p.N = s.N, p.D = s.D;
   p.q = q.data();
-  p.k = {{s.k_bits, s.group}, k_packed.data(), k_scales.data(), k_biases.data(), {}};
-  p.v = {{s.v_bits, s.group}, v_packed.data(), v_scales.data(), v_biases.data(), {}};
+  if (s.paged > 0) {
+    qsdpa::CacheLayout l;
+    l.block_table = block_table.data();
+    l.page_size = s.paged;
+    p.k = {{s.k_bits, s.group}, k_pool_packed.data(), k_pool_scales.data(), k_pool_biases.data(), l};
+    p.v = {{s.v_bits, s.group}, v_pool_packed.data(), v_pool_scales.data(), v_pool_biases.data(), l};
+  } else {
+    p.k = {{s.k_bits, s.group}, k_packed.data(), k_scales.data(), k_biases.data(), {}};
+    p.v = {{s.v_bits, s.group}, v_packed.data(), v_scales.data(), v_biases.data(), {}};
+  }
+  p.kv_lens = s.kv_lens.empty() ? nullptr : s.kv_lens.data();
+  p.kv_lens_host = p.kv_lens;  // (exec.cpp points kv_lens at the device copy)
   p.out = out;
   p.sinks = sinks.empty() ? nullptr : sinks.data();
   p.bool_mask = bool_mask.empty() ? nullptr : bool_mask.data();
@@ -216,7 +238,7 @@ int64_t fp16_cache_bytes(const Shape& s) { return 2 * s.kv_rows() * s.D * 2; }
 
 int64_t call_bytes(const Shape& s) {
   const int64_t ts = int64_t(qsdpa::dtype_size(s.dtype));
-  int64_t b = quantized_cache_bytes(s) + 2 * s.q_elems() * ts;
+  int64_t b = quantized_cache_bytes(s) / std::max<int64_t>(s.kv_rows(), 1) * s.kv_rows_used() + 2 * s.q_elems() * ts;
   if (!s.bool_mask.empty()) b += s.mask_elems() * (s.bool_mask == "u32" ? 4 : 1);
   if (s.float_mask) b += s.mask_elems() * ts;
   if (s.sinks) b += s.Hq * 4;
@@ -276,6 +298,33 @@ Status make_problem(const Shape& s, uint64_t seed, Problem* pr) {
   const ChannelStats c = channel_stats(s, seed);
   if (Status st = make_cache(s, seed, c, 'k', &pr->k_packed, &pr->k_scales, &pr->k_biases); !st) return st;
   if (Status st = make_cache(s, seed, c, 'v', &pr->v_packed, &pr->v_scales, &pr->v_biases); !st) return st;
+  if (s.paged > 0) {
+    // Pages in shuffled order: page j of sequence b is pool page perm[b * per + j], a page holds
+    // [Hkv, paged] rows.
+    const int64_t ps = s.paged, per = (s.N + ps - 1) / ps, pages = s.B * per;
+    std::vector<int32_t> perm(static_cast<size_t>(pages));
+    for (int64_t i = 0; i < pages; ++i) perm[size_t(i)] = int32_t(i);
+    Rng g(hash(seed, tag_mask, 0x9a9e));
+    for (int64_t i = pages - 1; i > 0; --i) std::swap(perm[size_t(i)], perm[size_t(int64_t(g.uniform() * double(i + 1)) % (i + 1))]);
+    pr->block_table = perm;
+    auto relayout = [&](const auto& src, auto& dst, int64_t unit) {  // unit: elements per row
+      dst.assign(size_t(pages * s.Hkv * ps * unit), {});
+      for (int64_t b = 0; b < s.B; ++b)
+        for (int64_t h = 0; h < s.Hkv; ++h)
+          for (int64_t t = 0; t < s.N; ++t) {
+            const int64_t from = (b * s.Hkv + h) * s.N + t;
+            const int64_t to = (int64_t(perm[size_t(b * per + t / ps)]) * s.Hkv + h) * ps + t % ps;
+            std::copy_n(src.begin() + from * unit, unit, dst.begin() + to * unit);
+          }
+    };
+    const int64_t ts8 = int64_t(ts), sg = s.D / s.group * ts8;
+    relayout(pr->k_packed, pr->k_pool_packed, s.D * s.k_bits / 32);
+    relayout(pr->v_packed, pr->v_pool_packed, s.D * s.v_bits / 32);
+    relayout(pr->k_scales, pr->k_pool_scales, sg);
+    relayout(pr->k_biases, pr->k_pool_biases, sg);
+    relayout(pr->v_scales, pr->v_pool_scales, sg);
+    relayout(pr->v_biases, pr->v_pool_biases, sg);
+  }
 
   pr->sinks.clear();
   if (s.sinks) {  // drawn wide, as the SPEC's tests draw them, so that the sink matters

@@ -78,17 +78,22 @@ Status Runner::create(const Problem& pr, Backend backend, int threads, int64_t r
   r->bytes_per_call_ = call_bytes(s);
 
   const size_t ts = qsdpa::dtype_size(s.dtype);
+  const bool paged = s.paged > 0;
   std::vector<Segment> seg = {
       {pr.q.data(), pr.q.size()},
-      {pr.k_packed.data(), pr.k_packed.size() * 4},
-      {pr.k_scales.data(), pr.k_scales.size()},
-      {pr.k_biases.data(), pr.k_biases.size()},
-      {pr.v_packed.data(), pr.v_packed.size() * 4},
-      {pr.v_scales.data(), pr.v_scales.size()},
-      {pr.v_biases.data(), pr.v_biases.size()},
+      paged ? Segment{pr.k_pool_packed.data(), pr.k_pool_packed.size() * 4}
+            : Segment{pr.k_packed.data(), pr.k_packed.size() * 4},
+      paged ? Segment{pr.k_pool_scales.data(), pr.k_pool_scales.size()} : Segment{pr.k_scales.data(), pr.k_scales.size()},
+      paged ? Segment{pr.k_pool_biases.data(), pr.k_pool_biases.size()} : Segment{pr.k_biases.data(), pr.k_biases.size()},
+      paged ? Segment{pr.v_pool_packed.data(), pr.v_pool_packed.size() * 4}
+            : Segment{pr.v_packed.data(), pr.v_packed.size() * 4},
+      paged ? Segment{pr.v_pool_scales.data(), pr.v_pool_scales.size()} : Segment{pr.v_scales.data(), pr.v_scales.size()},
+      paged ? Segment{pr.v_pool_biases.data(), pr.v_pool_biases.size()} : Segment{pr.v_biases.data(), pr.v_biases.size()},
       {pr.sinks.data(), pr.sinks.size() * 4},
       {pr.bool_mask.data(), pr.bool_mask.size()},
       {pr.float_mask.data(), pr.float_mask.size()},
+      {pr.block_table.data(), pr.block_table.size() * 4},
+      {s.kv_lens.data(), s.kv_lens.size() * 4},
       {nullptr, size_t(s.q_elems()) * ts, true},
   };
   size_t arena = 0;
@@ -164,6 +169,8 @@ Status Runner::create(const Problem& pr, Backend backend, int threads, int64_t r
     if (p.sinks) p.sinks = static_cast<const float*>(at(seg[7]));
     if (p.bool_mask) p.bool_mask = at(seg[8]);
     if (p.float_mask) p.float_mask = at(seg[9]);
+    if (paged) p.k.layout.block_table = p.v.layout.block_table = static_cast<const int32_t*>(at(seg[10]));
+    if (p.kv_lens) p.kv_lens = static_cast<const int32_t*>(at(seg[11]));
     p.backend = backend;
     p.num_threads = threads;
     p.stream = r->stream_;

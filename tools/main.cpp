@@ -3,6 +3,7 @@
 //   - a bad flag: CLI11's message, exit code from CLI11;
 //   - an error from the library (a Status): `qsdpa: error: <message>`, exit 1.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -18,6 +19,7 @@ using namespace qsdpa_cli;
 struct ShapeFlags {
   int bits = 4, k_bits = 0, v_bits = 0;
   std::string dtype = "f16", backend = "auto";
+  std::vector<int64_t> kv_lens;
   std::vector<CLI::Option*> shape_opts;  // any of these given: `bench` runs just that shape
 };
 
@@ -73,6 +75,14 @@ void add_problem_flags(CLI::App* app, Shape& s, ShapeFlags& f, int& threads, int
   shape(app->add_flag("--float-mask", s.float_mask,
                       "add a float mask: ALiBi position biases per head, -inf on a left padding"));
   shape(app->add_option("--scale", s.scale, "logit scale (0 = 1/sqrt(D))")->capture_default_str());
+  shape(app->add_option("--paged", s.paged,
+                        "a paged KV cache: pages of this many tokens (a power of two, 16 to 256) in a shuffled pool, "
+                        "with a block table (0 = contiguous)")
+            ->check(CLI::IsMember({0, 16, 32, 64, 128, 256})));
+  shape(app->add_option("--kv-lens", f.kv_lens,
+                        "per-sequence cache lengths, comma-separated (sets B to their count and N to their maximum)")
+            ->delimiter(',')
+            ->check(CLI::Range(int64_t(1), int64_t(INT32_MAX))));
   app->add_option("--backend", f.backend, "auto (cuda when a GPU is present, else cpu), reference, cpu or cuda")
       ->check(CLI::IsMember({"auto", "reference", "cpu", "cuda"}))
       ->capture_default_str();
@@ -91,6 +101,11 @@ void add_problem_flags(CLI::App* app, Shape& s, ShapeFlags& f, int& threads, int
 void finish_shape(Shape& s, const ShapeFlags& f, Backend* backend) {
   s.k_bits = f.k_bits ? f.k_bits : f.bits;
   s.v_bits = f.v_bits ? f.v_bits : f.bits;
+  if (!f.kv_lens.empty()) {
+    s.kv_lens.assign(f.kv_lens.begin(), f.kv_lens.end());
+    s.B = int64_t(f.kv_lens.size());
+    s.N = *std::max_element(f.kv_lens.begin(), f.kv_lens.end());
+  }
   parse_dtype(f.dtype, &s.dtype);  // checked by IsMember
   *backend = kBackends.at(f.backend);
 }

@@ -75,6 +75,8 @@ Status run_command(const RunOptions& o) {
     j["B"] = s.B, j["Hq"] = s.Hq, j["Hkv"] = s.Hkv, j["Lq"] = s.Lq, j["N"] = s.N, j["D"] = s.D;
     j["bits"] = s.k_bits == s.v_bits ? json(s.k_bits) : json(nullptr);
     j["k_bits"] = s.k_bits, j["v_bits"] = s.v_bits, j["group"] = s.group;
+    if (s.paged > 0) j["paged"] = s.paged;
+    if (!s.kv_lens.empty()) j["kv_lens"] = s.kv_lens;
     j["dtype"] = qsdpa::to_string(s.dtype);
     j["window"] = s.window;
     j["sinks"] = s.sinks;

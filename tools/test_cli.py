@@ -49,6 +49,18 @@ def main():
     if not (r["time_us"] > 0 and r["cache_bytes"] > 0 and r["fp16_cache_bytes"] > r["cache_bytes"]):
         fail("time or memory fields are wrong", p)
 
+    # The serving layouts through the program: a paged cache with per-sequence lengths and
+    # different K and V formats, on the CPU backend, checked against the reference.
+    p = run(exe, "run", "--backend", "cpu", "--paged", "32", "--kv-lens", "1,17,300", "--k-bits", "8",
+            "--v-bits", "4", "--Hq", "8", "--Hkv", "2", "--json")
+    if p.returncode != 0:
+        fail("qsdpa run --paged --kv-lens exited non-zero", p)
+    r = json.loads(p.stdout)
+    if r["B"] != 3 or r["N"] != 300 or r.get("paged") != 32 or r.get("kv_lens") != [1, 17, 300]:
+        fail("the JSON does not describe the paged problem asked for", p)
+    if r["k_bits"] != 8 or r["v_bits"] != 4 or not (0 <= r["err_vs_reference"] < 1e-3):
+        fail(f"paged run: formats or error wrong (err {r['err_vs_reference']})", p)
+
     p = run(exe, "run", "--bits", "3")
     lines = [l for l in p.stderr.splitlines() if l.strip()]
     if p.returncode == 0 or len(lines) != 1 or "bits" not in lines[0]:

@@ -176,6 +176,10 @@ struct AttentionParams {
   // without a synchronization and clamps them to those ranges instead.
   const int32_t* kv_lens = nullptr;
   const int32_t* q_lens = nullptr;
+  // CUDA, optional: the same lengths in host memory. The backend then cuts the work by the
+  // tokens the batch really holds (a batch of 1, 17 and 100000 tokens costs about what 100018
+  // tokens cost); without it, it plans as if every sequence held N tokens.
+  const int32_t* kv_lens_host = nullptr;
 
   const float* sinks = nullptr;  // optional [Hq] f32: one extra logit per head with a zero value
 

@@ -27,19 +27,18 @@ constexpr int64_t kMaxRows = 64;  // query rows per KV head (rep * Lq)
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-// Caches other than the dense [B, Hkv, N] the kernel reads tile by tile (mma_kernel.cuh): K and
-// V in one layout, consecutive tokens in consecutive rows, no tile across two pages, and strides
-// that keep each tile's scale span at the same 16-byte phase (rows of ng * 2 bytes).
+// Caches other than the dense [B, Hkv, N] the kernel reads tile by tile (mma_kernel.cuh):
+// consecutive tokens in consecutive rows, no tile across two pages, and strides that keep each
+// tile's scale span at the same 16-byte phase (rows of ng * 2 bytes). K and V may have different
+// layouts (and block tables).
 bool layout_ok(const AttnArgs& a) {
-  const detail::RowMap &k = a.kmap, &v = a.vmap;
-  if (k.token_stride != 1 || v.token_stride != 1 || k.head_stride != v.head_stride ||
-      k.batch_stride != v.batch_stride || k.block_table != v.block_table || k.bt_stride != v.bt_stride ||
-      k.page_stride != v.page_stride || k.page_shift != v.page_shift)
-    return false;
-  if (k.block_table && (int64_t(1) << k.page_shift) < mmak::kTileTokens) return false;
   const int64_t span = (a.D / a.k_group) * 2;  // bytes of scales per row (f16 / bf16)
-  for (int64_t st : {k.head_stride, k.block_table ? k.page_stride : k.batch_stride})
-    if ((st * span) % 16 != 0) return false;
+  for (const detail::RowMap* m : {&a.kmap, &a.vmap}) {
+    if (m->token_stride != 1) return false;
+    if (m->block_table && (int64_t(1) << m->page_shift) < mmak::kTileTokens) return false;
+    for (int64_t st : {m->head_stride, m->block_table ? m->page_stride : m->batch_stride})
+      if ((st * span) % 16 != 0) return false;
+  }
   return true;
 }
 

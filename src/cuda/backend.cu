@@ -175,11 +175,22 @@ AttnArgs make_args(const AttentionParams& p) {
   a.kmap = resolve_layout(p.k.layout, p.Hkv, p.N);
   a.vmap = resolve_layout(p.v.layout, p.Hkv, p.N);
   a.dense = a.kmap.dense(p.Hkv, p.N) && a.vmap.dense(p.Hkv, p.N);
+  const auto& km = a.kmap;
+  const auto& vm = a.vmap;
+  a.same_layout = km.token_stride == vm.token_stride && km.head_stride == vm.head_stride &&
+                  km.batch_stride == vm.batch_stride && km.block_table == vm.block_table &&
+                  km.bt_stride == vm.bt_stride && km.page_stride == vm.page_stride && km.page_shift == vm.page_shift;
   a.qmap = resolve_strides(p.q_strides, p.Hq, p.Lq, p.D);
   a.omap = resolve_strides(p.out_strides, p.Hq, p.Lq, p.D);
   a.mmap = resolve_strides(p.mask_strides, p.Hq, p.Lq, p.N);
   a.kv_lens = p.kv_lens;
   a.q_lens = p.q_lens;
+  a.plan_b = p.B;
+  if (p.kv_lens && p.kv_lens_host && p.N > 0) {
+    int64_t total = 0;
+    for (int64_t b = 0; b < p.B; ++b) total += std::clamp<int64_t>(p.kv_lens_host[b], 0, p.N);
+    a.plan_b = std::clamp<int64_t>((total + p.N / 2) / p.N, 1, p.B);
+  }
   return a;
 }
 
@@ -205,7 +216,7 @@ bool use_tensor_cores(const AttnArgs& a) {
 Plan make_plan(AttnArgs& a, int sms, bool allow_mma = true) {
   Plan plan;
   plan.use_mma = allow_mma && use_tensor_cores(a);
-  int64_t tile = cuda::kGenericTokenTile, min_tokens = kMinSplitTokensGeneric, units = a.B * a.Hkv;
+  int64_t tile = cuda::kGenericTokenTile, min_tokens = kMinSplitTokensGeneric, units = a.plan_b * a.Hkv;
   int per_sm = 1;
 #if QSDPA_HAVE_MMA
   if (plan.use_mma) {

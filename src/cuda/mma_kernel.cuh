@@ -104,6 +104,16 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? 2 : 3) at
   // ---- this block's tokens; tiles before the sliding window of every row are skipped --------
   int64_t tb = a.t_begin + int64_t(split) * a.chunk;
   const int64_t te = n < tb + a.chunk ? n : tb + a.chunk;
+  if (tb >= te) {  // a split past this sequence's end (per-sequence lengths): no key, nothing else
+    const int64_t rows_all = a.B * a.Hq * a.Lq;
+    for (int lr = tid; lr < nrows; lr += kWarps * 32) {
+      const int r = r0 + lr, hl = r / Lq, i = r - hl * Lq;
+      const int64_t prow = int64_t(split) * rows_all + (b * a.Hq + kvh * rep + hl) * a.Lq + i;
+      a.part_m[prow] = -INFINITY;
+      a.part_l[prow] = 0.0f;
+    }
+    return;
+  }
   if (a.window > 0) {
     const int64_t lo = n - lq - a.window + 1;
     if (lo > tb) tb += (lo - tb) / kTW * kTW;
@@ -119,15 +129,17 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? 2 : 3) at
   const uint32_t wring = smem_addr(smem) + uint32_t(warp * STAGES * S::kStage);
   const int64_t tile_step = int64_t(kWarps) * kTW;  // tokens from one of the warp's tiles to the next
   const int64_t t_first = tb + int64_t(warp) * kTW;
-  // The cache row of the warp's first tile. A dense cache is [B, Hkv, N]; otherwise (a capacity,
-  // a paged pool: mma_supports) K and V share one layout of token stride 1, each tile lies in
-  // one page, and every stride keeps the 16-byte phase of the scale spans.
-  const int64_t row_first = a.dense ? bh * N + t_first : t_first < te ? a.kmap.row(b, kvh, t_first) : 0;
+  // The cache rows of the warp's first tile. Dense caches are [B, Hkv, N]; other layouts
+  // (capacity, paged pools: mma_supports) have token stride 1, tiles that lie in one page, and
+  // strides that keep the 16-byte phase of the scale spans (the same for K and V).
+  const bool in = t_first < te;
+  const int64_t krow_first = a.dense ? bh * N + t_first : in ? a.kmap.row(b, kvh, t_first) : 0;
+  const int64_t vrow_first = a.dense ? krow_first : in ? a.vmap.row(b, kvh, t_first) : 0;
   // lane's first piece of the warp's first tile (piece i = lane + 32 k sits at byte 16 i)
-  const uint8_t* gk = reinterpret_cast<const uint8_t*>(a.k_packed) + row_first * kRB + lane * 16;
-  const uint8_t* gv = reinterpret_cast<const uint8_t*>(a.v_packed) + row_first * kRB + lane * 16;
+  const uint8_t* gk = reinterpret_cast<const uint8_t*>(a.k_packed) + krow_first * kRB + lane * 16;
+  const uint8_t* gv = reinterpret_cast<const uint8_t*>(a.v_packed) + vrow_first * kRB + lane * 16;
   const int sc_lane_arr = lane >> 3, sc_lane_k = lane & 7;  // this lane copies scale tensor lane/8
-  const int64_t o_first = row_first * ng * 2;
+  const int64_t o_first = (sc_lane_arr < 2 ? krow_first : vrow_first) * ng * 2;
   const int soff = int(o_first & 15);
   const uint8_t* gsc = static_cast<const uint8_t*>(sc_lane_arr == 0   ? a.k_scales
                                                    : sc_lane_arr == 1 ? a.k_biases
@@ -145,10 +157,15 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? 2 : 3) at
   auto issue = [&](int64_t it, int stage) {
     const int64_t left = te - (t_first + it * tile_step);
     const uint32_t sk = wring + uint32_t(stage * S::kStage), sv = sk + kTW * kRB, ss = sv + kTW * kRB;
-    // rows from the first tile to this one
-    const int64_t delta = a.dense ? it * tile_step : a.kmap.row(b, kvh, t_first + it * tile_step) - row_first;
-    const uint8_t* pk = gk + delta * kRB;
-    const uint8_t* pv = gv + delta * kRB;
+    // rows from the first tile to this one (K and V in one layout: one lookup)
+    int64_t dk = it * tile_step, dv = dk;
+    if (!a.dense) {
+      const int64_t t = t_first + it * tile_step;
+      dk = a.kmap.row(b, kvh, t) - krow_first;
+      dv = a.same_layout ? dk : a.vmap.row(b, kvh, t) - vrow_first;
+    }
+    const uint8_t* pk = gk + dk * kRB;
+    const uint8_t* pv = gv + dv * kRB;
     if (left >= kTW) {
 #pragma unroll
       for (int k = 0; k < kC; ++k) {
@@ -164,7 +181,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? 2 : 3) at
       }
     }
     const int vlen = soff + int(left < kTW ? left : kTW) * ng * 2;  // valid bytes of the span
-    const uint8_t* ps = gsc + delta * ng * 2;
+    const uint8_t* ps = gsc + (sc_lane_arr < 2 ? dk : dv) * ng * 2;
     const uint32_t sd = ss + uint32_t(sc_lane_arr * kSCB + sc_lane_k * 16);
     for (int k = sc_lane_k, j = 0; k < nch; k += 8, ++j) {
       const int rest = vlen - 16 * k, n = rest <= 0 ? 0 : rest >= 16 ? 16 : rest;

@@ -58,6 +58,8 @@ struct AttnArgs {
   const int32_t* kv_lens;
   const int32_t* q_lens;
   int dense;
+  int same_layout;  // K and V rows at the same places (one block-table lookup serves both)
+  int64_t plan_b;  // (host only) sequences the split planner assumes: B, or the batch's tokens / N
 };
 
 // Workspace bytes for a given number of splits.

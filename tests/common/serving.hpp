@@ -77,7 +77,7 @@ inline LaidCache lay_out(const HostCache& src, const ServingCase& sc, QuantForma
     case CacheKind::capacity: {
       const int64_t cap = c.N + sc.capacity_extra;
       l.head_stride = cap;
-      l.batch_stride = c.Hkv * cap + 5;  // and a gap between sequences
+      l.batch_stride = c.Hkv * cap + 8;  // and a gap between sequences
       pool_rows = c.B * l.batch_stride;
       break;
     }
@@ -115,7 +115,7 @@ inline LaidCache lay_out(const HostCache& src, const ServingCase& sc, QuantForma
   auto row_of = [&](int64_t b, int64_t h, int64_t t) -> int64_t {
     switch (sc.kind) {
       case CacheKind::dense: return (b * c.Hkv + h) * c.N + t;
-      case CacheKind::capacity: return b * (c.Hkv * cap + 5) + h * cap + t;
+      case CacheKind::capacity: return b * (c.Hkv * cap + 8) + h * cap + t;
       case CacheKind::token_major: return (b * cap + t) * c.Hkv + h;
       case CacheKind::paged: {
         const int64_t page = out.block_table[size_t(b * l.block_table_stride + t / sc.page_size)];

@@ -148,14 +148,14 @@ TEST(CudaAppend, SameBytesAsHost) {
 }
 
 // A cache of more than 2^32 elements (rows past 2^32 / D, 64-bit offsets throughout): one
-// sequence with a capacity of 2^25 + 64 tokens of 128 elements; its last tokens hold the data.
+// cache of 2^25 + 512 rows of 128 elements, the second sequence starting at row 2^25.
 TEST(CudaServingLarge, CacheOverFourBillionElements) {
   QSDPA_REQUIRE_CUDA();
   size_t free_b = 0, total_b = 0;
   CUDA_ASSERT(cudaMemGetInfo(&free_b, &total_b));
-  const int64_t D = 128, cap = (int64_t(1) << 25) + 64, Hkv = 1;  // 2^32 + 8192 elements per cache
+  const int64_t D = 128, cap = (int64_t(1) << 25) + 512, Hkv = 1;  // 2^32 + 65536 elements per cache
   const QuantFormat f{4, 64};
-  const size_t packed_bytes = size_t(Hkv * cap * D / 8), scale_bytes = size_t(Hkv * cap * (D / 64) * 2);
+  const size_t packed_bytes = size_t(Hkv * cap * D * 4 / 8), scale_bytes = size_t(Hkv * cap * (D / 64) * 2);
   if (free_b < 2 * (packed_bytes + 2 * scale_bytes) + (size_t(1) << 30))
     GTEST_SKIP() << "needs " << 2 * (packed_bytes + 2 * scale_bytes) / (1 << 20) << " MiB of device memory";
   // The problem: N = 300 tokens placed at the END of the big capacity via a batch stride that
@@ -167,21 +167,19 @@ TEST(CudaServingLarge, CacheOverFourBillionElements) {
   ServingProblem sp(sc);  // dense host data: rows [b][t]
   DeviceBuffer kp(packed_bytes), vp(packed_bytes), ks(scale_bytes), kb(scale_bytes), vs(scale_bytes), vb(scale_bytes);
   const int64_t bstride = int64_t(1) << 25;  // sequence 1 starts at element 2^32
-  const size_t rowp = size_t(D / 8), rows_s = size_t(D / 64) * 2;
+  const size_t rowp = size_t(D * 4 / 8), rows_s = size_t(D / 64) * 2;
   for (int64_t b = 0; b < 2; ++b) {
-    const size_t off = size_t(b * bstride);
-    CUDA_ASSERT(cudaMemcpy(kp.as<uint8_t>() + off * rowp, sp.dense.k.packed.data() + b * 300 * (D / 8), 300 * rowp,
-                           cudaMemcpyHostToDevice));
-    CUDA_ASSERT(cudaMemcpy(vp.as<uint8_t>() + off * rowp, sp.dense.v.packed.data() + b * 300 * (D / 8), 300 * rowp,
-                           cudaMemcpyHostToDevice));
-    CUDA_ASSERT(cudaMemcpy(ks.as<uint8_t>() + off * rows_s, sp.dense.k.scales.data() + b * 300 * rows_s, 300 * rows_s,
-                           cudaMemcpyHostToDevice));
-    CUDA_ASSERT(cudaMemcpy(kb.as<uint8_t>() + off * rows_s, sp.dense.k.biases.data() + b * 300 * rows_s, 300 * rows_s,
-                           cudaMemcpyHostToDevice));
-    CUDA_ASSERT(cudaMemcpy(vs.as<uint8_t>() + off * rows_s, sp.dense.v.scales.data() + b * 300 * rows_s, 300 * rows_s,
-                           cudaMemcpyHostToDevice));
-    CUDA_ASSERT(cudaMemcpy(vb.as<uint8_t>() + off * rows_s, sp.dense.v.biases.data() + b * 300 * rows_s, 300 * rows_s,
-                           cudaMemcpyHostToDevice));
+    const size_t off = size_t(b * bstride), n = 300;
+    auto put = [&](DeviceBuffer& dst, const void* src, size_t row_bytes) {
+      return cudaMemcpy(dst.as<uint8_t>() + off * row_bytes, static_cast<const uint8_t*>(src) + size_t(b) * n * row_bytes,
+                        n * row_bytes, cudaMemcpyHostToDevice);
+    };
+    CUDA_ASSERT(put(kp, sp.dense.k.packed.data(), rowp));
+    CUDA_ASSERT(put(vp, sp.dense.v.packed.data(), rowp));
+    CUDA_ASSERT(put(ks, sp.dense.k.scales.data(), rows_s));
+    CUDA_ASSERT(put(kb, sp.dense.k.biases.data(), rows_s));
+    CUDA_ASSERT(put(vs, sp.dense.v.scales.data(), rows_s));
+    CUDA_ASSERT(put(vb, sp.dense.v.biases.data(), rows_s));
   }
   Mirror m;
   AttentionParams p = sp.params(Backend::cuda, m.map());
@@ -275,6 +273,7 @@ TEST(CudaDecodeLoop, PagedAppendAttend) {
     p.k = {f, kp.as<uint32_t>(), ks.get(), kb.get(), lay};
     p.v = {f, vp.as<uint32_t>(), vs.get(), vb.get(), lay};
     p.kv_lens = dlens.as<int32_t>();
+    p.kv_lens_host = step % 2 ? lens.data() : nullptr;  // both ways of planning the splits
     p.window = step % 4 == 3 ? 40 : 0;
     p.backend = Backend::cuda;
     ASSERT_TRUE(cuda::uses_tensor_cores(p));
