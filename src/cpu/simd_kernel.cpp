@@ -103,6 +103,7 @@ struct Buffers {
   uint32_t* kbuf;  // a padded copy of a tile's K rows, where they cannot be read in place
   float *tmp, *ks, *kz, *vs, *vz, *x, *P, *zb, *O, *sig;
   int16_t* Pi;
+  int32_t* psum;
 };
 
 template <class C>
@@ -133,6 +134,7 @@ Buffers carve(C& cv, int64_t nr, int64_t D, int64_t Dp, int64_t npairs, int64_t 
   b.P = cv.template take<float>(nr * ngv * kTile);
   b.Pi = cv.template take<int16_t>(nr * ngv * kTile);
   b.sig = cv.template take<float>(nr * ngv);
+  b.psum = cv.template take<int32_t>(nr * ngv);
   b.zb = cv.template take<float>(nr * ngv * NL);
   b.O = cv.template take<float>(nr * D);
   return b;
@@ -293,7 +295,7 @@ bool Attend(const Plan& pl, const Task& task) {
 
   KArgs ka{bf.kbuf, wprp,  0,     nquad, wpg,   ngk,   bf.qh, bf.ql, npairs, bf.ah,
            bf.al,   bf.h1, bf.h2, bf.cq, bf.ks, bf.kz, bf.x,  nullptr, 0};
-  VArgs va{nullptr, vrow_bytes, 0, bf.P, bf.Pi, bf.sig, nr, p.v.format.group, D, bf.O, nullptr, 0};
+  VArgs va{nullptr, vrow_bytes, 0, bf.P, bf.Pi, bf.sig, bf.psum, nr, p.v.format.group, D, bf.O, nullptr, 0};
 
   // The tile at ta: at most kTile tokens, none past the end of a page of K or V.
   const auto tile_len = [&](int64_t ta) {
@@ -409,24 +411,44 @@ bool Attend(const Plan& pl, const Task& task) {
       for (int64_t g = 0; g < ngv; ++g) {
         float* pr = bf.P + (g * nr + r) * kTile;
         float* zr = bf.zb + (r * ngv + g) * NL;
+        const float* xr = bf.x + r * kTile;
+        const float* vsg = bf.vs + g * kTile;
+        const float* vzg = bf.vz + g * kTile;
         auto z = hn::Load(df, zr);
-        for (int64_t i = 0; i < nt; i += NL) {
-          const auto w = hn::Load(df, bf.x + r * kTile + i);
-          const auto seen = hn::Ne(w, hn::Zero(df));
-          hn::Store(hn::IfThenElseZero(seen, hn::Mul(w, hn::Load(df, bf.vs + g * kTile + i))), df, pr + i);
-          z = hn::Add(z, hn::IfThenElseZero(seen, hn::Mul(w, hn::Load(df, bf.vz + g * kTile + i))));
+        auto mx = hn::Zero(df);  // the largest |p|
+        if (full) {  // every key seen: w > 0 or an underflow to 0, the scales and biases finite
+          for (int64_t i = 0; i < nt; i += NL) {
+            const auto w = hn::Load(df, xr + i);
+            const auto pv = hn::Mul(w, hn::Load(df, vsg + i));
+            hn::Store(pv, df, pr + i);
+            mx = hn::Max(mx, hn::Abs(pv));
+            z = hn::MulAdd(w, hn::Load(df, vzg + i), z);
+          }
+        } else {
+          for (int64_t i = 0; i < nt; i += NL) {
+            const auto w = hn::Load(df, xr + i);
+            const auto seen = hn::Ne(w, hn::Zero(df));
+            const auto pv = hn::IfThenElseZero(seen, hn::Mul(w, hn::Load(df, vsg + i)));
+            hn::Store(pv, df, pr + i);
+            mx = hn::Max(mx, hn::Abs(pv));
+            z = hn::Add(z, hn::IfThenElseZero(seen, hn::Mul(w, hn::Load(df, vzg + i))));
+          }
         }
         hn::Store(z, df, zr);
         if (vint) {  // p to int16 against the tile's largest |p|
-          auto mx = hn::Zero(df);
-          for (int64_t i = 0; i < nt; i += NL) mx = hn::Max(mx, hn::Abs(hn::Load(df, pr + i)));
           const float pmax = hn::GetLane(hn::MaxOfLanes(df, mx));
           const float inv = pmax > 0.0f ? 32767.0f / pmax : 0.0f;
           bf.sig[g * nr + r] = pmax > 0.0f ? pmax / 32767.0f : 0.0f;
           int16_t* pi = bf.Pi + (g * nr + r) * kTile;
           const hn::Rebind<int16_t, DF> d16;
-          for (int64_t i = 0; i < nt; i += NL)
-            hn::Store(hn::DemoteTo(d16, hn::NearestInt(hn::Mul(hn::Load(df, pr + i), hn::Set(df, inv)))), d16, pi + i);
+          const hn::Rebind<int32_t, DF> d32;
+          auto ps = hn::Zero(d32);
+          for (int64_t i = 0; i < nt; i += NL) {
+            const auto v = hn::NearestInt(hn::Mul(hn::Load(df, pr + i), hn::Set(df, inv)));  // |v| <= 32767
+            ps = hn::Add(ps, v);
+            hn::Store(hn::DemoteTo(d16, v), d16, pi + i);
+          }
+          bf.psum[g * nr + r] = hn::GetLane(hn::SumOfLanes(d32, ps));
         }
       }
 
@@ -503,7 +525,7 @@ bool Micro(const MicroArgs& m, int64_t reps) {
       for (int64_t r = 0; r < rows; r += k_rows(rows, r)) k_kernel(m.bits, k_rows(rows, r), m.f32)(ka, r);
   } else {
     const VArgs va{reinterpret_cast<const uint8_t*>(st.bytes.get()), D * m.bits / 8, kTile, st.P.get(),
-                   reinterpret_cast<const int16_t*>(st.kbuf.get()), st.P.get(), rows, m.group, D, st.O.get(), nullptr, 0};
+                   reinterpret_cast<const int16_t*>(st.kbuf.get()), st.P.get(), st.h.get(), rows, m.group, D, st.O.get(), nullptr, 0};
     for (int64_t i = 0; i < reps; ++i)
       for (int64_t r = 0; r < rows; r += v_rows(m.bits, rows, r))
         v_kernel(m.bits, v_rows(m.bits, rows, r), !m.f32)(va, r);

@@ -120,7 +120,13 @@ void ToF32(DType t, const void* src, int64_t n, float* dst) {
 HWY_INLINE void prefetch_part(const char* p, int64_t bytes, int64_t i, int64_t n) {
   if (!p) return;
   const int64_t lines = (bytes + 63) / 64, l0 = lines * i / n, l1 = lines * (i + 1) / n;
+  // Into L2, not L1: the next tile's K and V rows (up to 32 KiB at 8 bits) would push this tile's
+  // out of L1.
+#if HWY_COMPILER_GCC || HWY_COMPILER_CLANG
+  for (int64_t l = l0; l < l1; ++l) __builtin_prefetch(p + l * 64, 0, 2);
+#else
   for (int64_t l = l0; l < l1; ++l) hwy::Prefetch(p + l * 64);
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -162,6 +168,7 @@ struct VArgs {
   const float* P;     // [group][row][kTile]: w * s (the f32 kernel)
   const int16_t* Pi;  // [group][row][kTile]: w * s / sigma rounded to int16 (the integer kernel)
   const float* sig;   // [group][row]: sigma
+  const int32_t* psum;  // [group][row]: the sum of the tile's int16 weights (the integer kernel)
   int64_t nrows, G, D;
   float* O;  // [row][D] accumulators, permuted within each run of Lanes * (8 / bits) elements
   const char* ahead;  // the next tile's V rows, prefetched a part per run (or null)
@@ -196,28 +203,65 @@ HWY_INLINE void UnpackV(DF8 df, const uint8_t* src, hn::Vec<DF8>* e) {
   }
 }
 
-// The codes of one run of tokens t and u (rows s0 and s1) side by side, centred and scaled as
-// UnpackV leaves them: 32-bit lane m of e[k] holds (code of t, code of u) as two int16.
+// The codes of one run of tokens t and u (rows s0 and s1) side by side, scaled as UnpackV leaves
+// them but not centred (the integer kernel takes h times the sum of the weights off once per run):
+// 32-bit lane m of e[k] holds (code of t, code of u) as two int16.
 template <int BITS, class DI32>
 HWY_INLINE void PairCodes(DI32 di, const uint8_t* s0, const uint8_t* s1, hn::Vec<DI32>* e) {
+  constexpr int32_t mask = (1 << BITS) - 1;
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4
+  // The bytes of t and u interleaved, then widened to 16 bits: one unpack and one widening per
+  // vector instead of two widenings, a shift and an or.
+  using VI = hn::Vec<DI32>;
+  constexpr size_t kBytes = hn::MaxLanes(DI32()) * (BITS == 8 ? 2 : 1);  // bytes of one token's run
+  static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "run of 4, 8 or 16 bytes");
+  __m128i t, u;
+  if constexpr (kBytes == 16) {
+    t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s0));
+    u = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s1));
+  } else if constexpr (kBytes == 8) {
+    t = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s0));
+    u = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s1));
+  } else {
+    int32_t a, b;
+    std::memcpy(&a, s0, 4);
+    std::memcpy(&b, s1, 4);
+    t = _mm_cvtsi32_si128(a);
+    u = _mm_cvtsi32_si128(b);
+  }
+  const __m128i lo = _mm_unpacklo_epi8(t, u);  // t0 u0 t1 u1 ...
+#if HWY_TARGET == HWY_AVX2
+  const auto widen = [](__m128i x) { return VI{_mm256_cvtepu8_epi16(x)}; };
+#else
+  const auto widen = [](__m128i x) { return VI{_mm_cvtepu8_epi16(x)}; };
+#endif
+  if constexpr (BITS == 8) {
+#if HWY_TARGET == HWY_AVX2
+    e[0] = widen(lo);
+    e[1] = widen(_mm_unpackhi_epi8(t, u));
+#else
+    e[0] = widen(lo);
+    e[1] = widen(_mm_srli_si128(lo, 8));
+#endif
+  } else {
+    const VI x = widen(lo);
+    for (int k = 0; k < 8 / BITS; ++k) e[k] = hn::And(x, hn::Set(di, (mask << (k * BITS)) * 0x00010001));
+  }
+#else
   const hn::Rebind<uint32_t, DI32> du;
   const hn::Rebind<uint8_t, DI32> du8;
-  const hn::Repartition<int16_t, DI32> d16;
-  constexpr int32_t h = 1 << (BITS - 1), mask = (1 << BITS) - 1;
   auto pair = [&](const uint8_t* a, const uint8_t* b) {
     return hn::BitCast(di, hn::Or(hn::PromoteTo(du, hn::LoadU(du8, a)), hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(du8, b)))));
   };
   if constexpr (BITS == 8) {
     const size_t NV = hn::Lanes(di);
-    e[0] = hn::BitCast(di, hn::Sub(hn::BitCast(d16, pair(s0, s1)), hn::Set(d16, int16_t(h))));
-    e[1] = hn::BitCast(di, hn::Sub(hn::BitCast(d16, pair(s0 + NV, s1 + NV)), hn::Set(d16, int16_t(h))));
+    e[0] = pair(s0, s1);
+    e[1] = pair(s0 + NV, s1 + NV);
   } else {
     const auto x = pair(s0, s1);
-    for (int k = 0; k < 8 / BITS; ++k) {
-      const auto m = hn::And(x, hn::Set(di, (mask << (k * BITS)) * 0x00010001));
-      e[k] = hn::BitCast(di, hn::Sub(hn::BitCast(d16, m), hn::Set(d16, int16_t(h << (k * BITS)))));
-    }
+    for (int k = 0; k < 8 / BITS; ++k) e[k] = hn::And(x, hn::Set(di, (mask << (k * BITS)) * 0x00010001));
   }
+#endif
 }
 
 // Rows per V block: the accumulators (rows x elements per byte) stay in registers.
@@ -420,6 +464,8 @@ HWY_NOINLINE void VAccumI(const VArgs& a, int64_t r0) {
   const hn::Rebind<int32_t, decltype(df)> di;
   const hn::Rebind<uint32_t, decltype(df)> du;
   using VI = hn::Vec<decltype(di)>;
+  constexpr int32_t h = 1 << (BITS - 1);
+  static_assert(kTile <= 128, "the uncentred int32 sums of a tile must not overflow");
   const int64_t NV = int64_t(hn::Lanes(df)), CE = NV * NE;  // elements per run
   const int64_t rb = a.row_bytes, run_bytes = CE * BITS / 8;
   for (int64_t c = 0; c < a.D / CE; ++c) {
@@ -430,23 +476,30 @@ HWY_NOINLINE void VAccumI(const VArgs& a, int64_t r0) {
       for (int k = 0; k < NE; ++k) acc[r][k] = hn::Zero(di);
     const int16_t* pg = a.Pi + (g * a.nrows + r0) * kTile;  // row r, token t: pg[r * kTile + t]
     const uint8_t* src = a.vrows + c * run_bytes;
-    for (int64_t i = 0; i < a.tn; i += 2) {
+    const auto step = [&](const uint8_t* s0, const uint8_t* s1, int64_t i) HWY_ATTR {
       VI e[NE];
-      // (an odd last token pairs with itself, its partner's weight being 0)
-      PairCodes<BITS>(di, src + i * rb, src + std::min(i + 1, a.tn - 1) * rb, e);
+      PairCodes<BITS>(di, s0, s1, e);
       for (int r = 0; r < RB; ++r) {
         uint32_t pp;
         std::memcpy(&pp, pg + r * kTile + i, 4);
         const auto pv = hn::Set(du, pp);
         for (int k = 0; k < NE; ++k) acc[r][k] = DotPairs(hn::BitCast(du, e[k]), pv, acc[r][k]);
       }
-    }
+    };
+    int64_t i = 0;
+    for (; i + 2 <= a.tn; i += 2) step(src + i * rb, src + (i + 1) * rb, i);
+    // (an odd last token pairs with itself, its partner's weight being 0)
+    if (i < a.tn) step(src + i * rb, src + i * rb, i);
     float* o = a.O + r0 * a.D + c * CE;
     for (int r = 0; r < RB; ++r) {
       const auto sg = hn::Set(df, a.sig[g * a.nrows + r0 + r]);
+      const int32_t ps = a.psum[g * a.nrows + r0 + r];
       for (int k = 0; k < NE; ++k) {
+        // centred: sum p (c - h) = sum p c - h sum p, exactly in int32 (|sum p c| < 128 * 2^15 * 2^8)
+        const int32_t hk = BITS == 8 ? h : h << (k * BITS);
+        const auto centred = hn::Sub(acc[r][k], hn::Set(di, hk * ps));
         float* ok = o + r * a.D + k * NV;
-        hn::Store(hn::MulAdd(sg, hn::ConvertTo(df, acc[r][k]), hn::Load(df, ok)), df, ok);
+        hn::Store(hn::MulAdd(sg, hn::ConvertTo(df, centred), hn::Load(df, ok)), df, ok);
       }
     }
   }
