@@ -154,12 +154,22 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? 2 : 3) at
     so[k] = uint32_t((i ^ S::swz(i / kC)) << 4);
   }
 
+  // A paged cache whose K and V share one layout: the page of the warp's next tile is read at the
+  // issue before (one int32 in flight), so that no issue waits for a block-table load.
+  const bool pf = !a.dense && a.same_layout && a.kmap.block_table != nullptr;
+  const int32_t* bt_b = pf ? a.kmap.block_table + b * a.kmap.bt_stride : nullptr;
+  int next_page = pf && in ? bt_b[t_first >> a.kmap.page_shift] : 0;
   auto issue = [&](int64_t it, int stage) {
     const int64_t left = te - (t_first + it * tile_step);
     const uint32_t sk = wring + uint32_t(stage * S::kStage), sv = sk + kTW * kRB, ss = sv + kTW * kRB;
     // rows from the first tile to this one (K and V in one layout: one lookup)
     int64_t dk = it * tile_step, dv = dk;
-    if (!a.dense) {
+    if (pf) {
+      const int64_t t = t_first + it * tile_step;
+      const int64_t pmask = (int64_t(1) << a.kmap.page_shift) - 1;
+      dk = dv = int64_t(next_page) * a.kmap.page_stride + kvh * a.kmap.head_stride + (t & pmask) - krow_first;
+      if (it + 1 < my_tiles) next_page = bt_b[(t + tile_step) >> a.kmap.page_shift];
+    } else if (!a.dense) {
       const int64_t t = t_first + it * tile_step;
       dk = a.kmap.row(b, kvh, t) - krow_first;
       dv = a.same_layout ? dk : a.vmap.row(b, kvh, t) - vrow_first;
