@@ -129,7 +129,7 @@ if [ "${QSDPA_GPU_SERVING:-0}" = 1 ] && [ -x "$cli" ]; then
   {
     for round in 1 2; do  # two interleaved rounds: run-to-run noise is a few percent
       for bits in 4 8; do
-        for pg in 0 32 64 128 256; do
+        for pg in 0 16 32 64 128 256; do
           "$cli" bench --backend cuda --no-torch --jsonl --B 8 --N 32768 --bits $bits --paged $pg
         done
       done

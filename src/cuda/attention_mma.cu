@@ -28,14 +28,19 @@ constexpr int64_t kMaxRows = 64;  // query rows per KV head (rep * Lq)
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 // Caches other than the dense [B, Hkv, N] the kernel reads tile by tile (mma_kernel.cuh):
-// consecutive tokens in consecutive rows, no tile across two pages, and strides that keep each
+// consecutive tokens in consecutive rows, no tile across two pages (or, with 16-token pages and one
+// layout for K and V, exactly two), and strides that keep each
 // tile's scale span at the same 16-byte phase (rows of ng * 2 bytes). K and V may have different
 // layouts (and block tables).
 bool layout_ok(const AttnArgs& a) {
   const int64_t span = (a.D / a.k_group) * 2;  // bytes of scales per row (f16 / bf16)
   for (const detail::RowMap* m : {&a.kmap, &a.vmap}) {
     if (m->token_stride != 1) return false;
-    if (m->block_table && (int64_t(1) << m->page_shift) < mmak::kTileTokens) return false;
+    // pages of 16 tokens (half a warp tile): only with K and V in one layout (mma_kernel.cuh reads
+    // both halves' pages at once)
+    if (m->block_table && (int64_t(1) << m->page_shift) < mmak::kTileTokens &&
+        !((int64_t(1) << m->page_shift) == mmak::kTileTokens / 2 && a.same_layout))
+      return false;
     for (int64_t st : {m->head_stride, m->block_table ? m->page_stride : m->batch_stride})
       if ((st * span) % 16 != 0) return false;
   }

@@ -158,17 +158,26 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? 2 : 3) at
   // issue before (one int32 in flight), so that no issue waits for a block-table load.
   const bool pf = !a.dense && a.same_layout && a.kmap.block_table != nullptr;
   const int32_t* bt_b = pf ? a.kmap.block_table + b * a.kmap.bt_stride : nullptr;
+  // 16-token pages (half a warp tile): the tile's second half lies in the next table entry.
+  const bool half = pf && a.kmap.page_shift < 5;
   int next_page = pf && in ? bt_b[t_first >> a.kmap.page_shift] : 0;
+  int next_page2 = half && t_first + 16 < te ? bt_b[(t_first >> a.kmap.page_shift) + 1] : 0;
   auto issue = [&](int64_t it, int stage) {
     const int64_t left = te - (t_first + it * tile_step);
     const uint32_t sk = wring + uint32_t(stage * S::kStage), sv = sk + kTW * kRB, ss = sv + kTW * kRB;
     // rows from the first tile to this one (K and V in one layout: one lookup)
-    int64_t dk = it * tile_step, dv = dk;
+    int64_t dk = it * tile_step, dv = dk, d2 = 0;  // d2: rows the second half moves (16-token pages)
     if (pf) {
       const int64_t t = t_first + it * tile_step;
       const int64_t pmask = (int64_t(1) << a.kmap.page_shift) - 1;
-      dk = dv = int64_t(next_page) * a.kmap.page_stride + kvh * a.kmap.head_stride + (t & pmask) - krow_first;
-      if (it + 1 < my_tiles) next_page = bt_b[(t + tile_step) >> a.kmap.page_shift];
+      const int64_t hoff = kvh * a.kmap.head_stride;
+      dk = dv = int64_t(next_page) * a.kmap.page_stride + hoff + (t & pmask) - krow_first;
+      if (half) d2 = int64_t(next_page2) * a.kmap.page_stride + hoff - (krow_first + dk + 16);
+      if (it + 1 < my_tiles) {
+        const int64_t tn = t + tile_step;
+        next_page = bt_b[tn >> a.kmap.page_shift];
+        if (half && tn + 16 < te) next_page2 = bt_b[(tn >> a.kmap.page_shift) + 1];
+      }
     } else if (!a.dense) {
       const int64_t t = t_first + it * tile_step;
       dk = a.kmap.row(b, kvh, t) - krow_first;
@@ -176,6 +185,24 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? 2 : 3) at
     }
     const uint8_t* pk = gk + dk * kRB;
     const uint8_t* pv = gv + dv * kRB;
+    const int vlen = soff + int(left < kTW ? left : kTW) * ng * 2;  // valid bytes of the span
+    const uint8_t* ps = gsc + (sc_lane_arr < 2 ? dk : dv) * ng * 2;
+    const uint32_t sd = ss + uint32_t(sc_lane_arr * kSCB + sc_lane_k * 16);
+    if (half) {  // 16-token pages: pieces k >= kC / 2 are rows 16..31, in the second page; the
+                 // scale span starts at a page (soff = 0) and its pieces from 2 ng on are rows 16..31
+#pragma unroll
+      for (int k = 0; k < kC; ++k) {
+        const bool in = (lane + 32 * k) / kC < left;
+        const int64_t o = 512 * k + (k >= kC / 2 ? d2 * kRB : 0);
+        cp_async16(sk + so[k], in ? pk + o : static_cast<const void*>(a.k_packed), in ? 16 : 0);
+        cp_async16(sv + so[k], in ? pv + o : static_cast<const void*>(a.v_packed), in ? 16 : 0);
+      }
+      for (int k = sc_lane_k, j = 0; k < nch; k += 8, ++j) {
+        const int rest = vlen - 16 * k, n = rest <= 0 ? 0 : rest >= 16 ? 16 : rest;
+        cp_async16(sd + 128 * j, n > 0 ? ps + 128 * j + (k >= 2 * ng ? d2 * ng * 2 : 0) : a.k_scales, n);
+      }
+      return;
+    }
     if (left >= kTW) {
 #pragma unroll
       for (int k = 0; k < kC; ++k) {
@@ -190,9 +217,6 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? 2 : 3) at
         cp_async16(sv + so[k], in ? pv + 512 * k : static_cast<const void*>(a.v_packed), in ? 16 : 0);
       }
     }
-    const int vlen = soff + int(left < kTW ? left : kTW) * ng * 2;  // valid bytes of the span
-    const uint8_t* ps = gsc + (sc_lane_arr < 2 ? dk : dv) * ng * 2;
-    const uint32_t sd = ss + uint32_t(sc_lane_arr * kSCB + sc_lane_k * 16);
     for (int k = sc_lane_k, j = 0; k < nch; k += 8, ++j) {
       const int rest = vlen - 16 * k, n = rest <= 0 ? 0 : rest >= 16 ? 16 : rest;
       cp_async16(sd + 128 * j, n > 0 ? ps + 128 * j : a.k_scales, n);

@@ -36,13 +36,14 @@ struct ServingCase {
   int64_t capacity_extra = 13;     // capacity: tokens beyond N allocated per head
   bool strided_q = false;          // q and out rows padded (l stride D + 32, ...)
   bool mask_broadcast_h = false;   // masks shared by all heads (h stride 0)
+  bool shared_table = false;       // paged: K and V use one block table (else each its own)
   std::vector<int32_t> kv_lens;    // empty: N for all
   std::vector<int32_t> q_lens;     // empty: Lq for all
 
   std::string str() const {
     std::ostringstream o;
     o << c.str() << " cache=" << to_string(kind);
-    if (kind == CacheKind::paged) o << "/" << page_size;
+    if (kind == CacheKind::paged) o << "/" << page_size << (shared_table ? " shared-table" : "");
     if (strided_q) o << " strided_q";
     if (mask_broadcast_h) o << " mask_h0";
     if (!kv_lens.empty()) {
@@ -66,7 +67,9 @@ struct LaidCache {
 };
 
 // Copies the dense [B, Hkv, N] rows of `src` into a pool laid out as `kind` says.
-inline LaidCache lay_out(const HostCache& src, const ServingCase& sc, QuantFormat f, std::mt19937_64& rng) {
+// `table`: the block table to use (paged; nullptr: a new shuffle).
+inline LaidCache lay_out(const HostCache& src, const ServingCase& sc, QuantFormat f, std::mt19937_64& rng,
+                         const std::vector<int32_t>* table = nullptr) {
   const Case& c = sc.c;
   const int64_t wpr = c.D * f.bits / 32, gpr = c.D / f.group, ts = int64_t(tsize(c.dtype));
   LaidCache out;
@@ -98,6 +101,7 @@ inline LaidCache lay_out(const HostCache& src, const ServingCase& sc, QuantForma
       out.block_table.assign(size_t(c.B * per_seq), -1);  // unused entries: invalid pages
       for (int64_t b = 0; b < c.B; ++b)
         for (int64_t i = 0; i < (c.N + ps - 1) / ps; ++i) out.block_table[size_t(b * per_seq + i)] = ids[size_t(b * per_seq + i)];
+      if (table) out.block_table = *table;
       l.page_size = ps;
       l.block_table_stride = per_seq;
       l.block_table = out.block_table.data();
@@ -151,7 +155,7 @@ struct ServingProblem {
     std::mt19937_64 rng(s.c.seed * 7919 + 17);
     const Case& c = s.c;
     k = lay_out(dense.k, sc, c.kf, rng);
-    v = lay_out(dense.v, sc, c.vf, rng);
+    v = lay_out(dense.v, sc, c.vf, rng, s.shared_table ? &k.block_table : nullptr);
     const int64_t ts = int64_t(tsize(c.dtype));
     // q and out: rows padded by 32 elements, heads by one row more, sequences by one more.
     if (s.strided_q) {
@@ -224,6 +228,7 @@ struct ServingProblem {
       cache->layout = lc->layout;
       cache->layout.block_table = static_cast<const int32_t*>(m(lc->block_table));
     }
+    if (sc.shared_table) p.v.layout.block_table = p.k.layout.block_table;
     p.kv_lens = static_cast<const int32_t*>(m(sc.kv_lens));
     p.q_lens = static_cast<const int32_t*>(m(sc.q_lens));
     p.out = nullptr;  // the caller sets it (host: out.data(); device: its buffer)
@@ -287,6 +292,7 @@ inline std::vector<ServingCase> serving_cases(bool large = false) {
       s.c.Lq = variant == 4 ? 4 : variant == 5 ? 3 : 1;
       s.c.seed = seed++;
       s.page_size = 16 << (variant % 4);  // 16, 32, 64, 128
+      s.shared_table = variant % 2 == 0;
       s.strided_q = variant % 2 == 1;
       s.c.sinks = variant == 2;
       s.c.window = variant == 3 ? 50 : 0;

@@ -52,7 +52,8 @@ TEST_P(CudaServing, HostCases) {
 INSTANTIATE_TEST_SUITE_P(Cases, CudaServing, ::testing::Range(0, int(serving_cases().size())));
 
 // Layouts the tensor-core kernel takes (f16 / bf16, K and V in one 4- or 8-bit format and one
-// layout, token stride 1, pages of at least 32 tokens), with lengths, masks, windows and sinks.
+// layout, token stride 1, pages of 16 to 256 tokens; 16 only with one layout for K and V), with
+// lengths, masks, windows and sinks.
 std::vector<ServingCase> mma_cases() {
   std::vector<ServingCase> v;
   uint64_t seed = 500;
@@ -68,7 +69,8 @@ std::vector<ServingCase> mma_cases() {
     s.c.seed = seed++;
     s.kind = i < 4 ? CacheKind::capacity : CacheKind::paged;
     s.capacity_extra = 8 - s.c.N % 8;  // capacities that keep the scale spans' 16-byte phase
-    s.page_size = 32 << (i % 4);
+    s.page_size = 16 << (i % 5);  // 16 (two pages per warp tile) to 256
+    s.shared_table = s.page_size == 16 || i % 2 == 0;
     s.strided_q = i % 3 == 1;
     s.c.sinks = i % 5 == 2;
     s.c.window = i % 6 == 5 ? 100 : 0;
