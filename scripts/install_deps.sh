@@ -24,6 +24,15 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+# A cross compiler for aarch64, so that the tests also compile the CPU SIMD kernel for Arm (NEON).
+# Optional: where the package cannot be had, that test is not registered.
+if ! command -v aarch64-linux-gnu-g++ >/dev/null 2>&1 && [ -z "${QSDPA_NO_ARM_CHECK:-}" ]; then
+  echo "install_deps: apt-get install g++-aarch64-linux-gnu (the Arm compile check)"
+  $SUDO apt-get install -y -qq --no-install-recommends g++-aarch64-linux-gnu ||
+    { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends g++-aarch64-linux-gnu; } ||
+    echo "install_deps: g++-aarch64-linux-gnu not available; the Arm compile check is skipped" >&2
+fi
+
 PY=${PYTHON:-python3}
 # numpy + mlx: the oracles of the Python tests; nanobind: the Python extension; pytest; ml_dtypes
 # (bfloat16 arrays in NumPy).

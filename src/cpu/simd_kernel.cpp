@@ -43,8 +43,11 @@
 #include "kernel.hpp"
 
 // SSSE3 adds little over the portable kernel and would cost one more compilation of this file.
+// SVE's vectors are sizeless types, which the inner kernels' arrays of vectors cannot hold: Arm
+// machines run the NEON kernel (tests/CMakeLists.txt compiles it for aarch64 where a cross
+// compiler exists).
 #ifndef HWY_DISABLED_TARGETS
-#define HWY_DISABLED_TARGETS HWY_SSSE3
+#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128)
 #endif
 #ifndef HWY_WANT_AVX3_DL
 #define HWY_WANT_AVX3_DL  // AVX-512 with VNNI (Ice Lake, Zen 4 and later) as a target of its own
