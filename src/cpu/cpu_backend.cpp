@@ -9,7 +9,10 @@
 // best instruction set the machine has (simd_kernel.cpp), or the portable one (portable_kernel.cpp)
 // where there is none or when asked for. Either leaves unnormalized states (m, l, o) per row.
 // When there are fewer (sequence, KV head, row block) units than the threads can keep busy, the
-// token range is also cut into chunks whose partial states are merged in a second pass.
+// token range is also cut into chunks whose partial states are merged by whichever task finishes a
+// unit's last chunk. Chunks get smaller from first to last (weights n, n-1, ..., 1) and are handed
+// out in that order, all units' first chunks first: threads take tasks from a shared counter, so the
+// small tasks at the end even out a thread that fell behind (a core shared with another process).
 // Everything is accumulated in f32; out is rounded to T once, at the end.
 #include <algorithm>
 #include <atomic>
@@ -18,6 +21,7 @@
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <memory>
 #include <new>
 #include <string>
 #include <vector>
@@ -40,7 +44,9 @@ using cpu::ThreadPool;
 constexpr int64_t kMinChunk = 64;         // fewest tokens worth a split-K chunk
 constexpr int64_t kBlockFloats = 8192;    // rows per block: at most this many floats of o
 constexpr int64_t kInlineWork = 1 << 18;  // below this many multiply-adds, stay on one thread
-constexpr int64_t kTasksPerThread = 4;    // split so that each thread gets a few tasks
+constexpr int64_t kTasksPerThread = 4;    // quantizer: split so that each thread gets a few tasks
+constexpr int64_t kChunkTasks = 8;        // attention: split so that each thread gets this many
+constexpr int64_t kChunkAlign = 128;      // chunk bounds on whole tiles of the SIMD kernel
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -130,14 +136,26 @@ void write_rows(const Plan& pl, const UnitRange& ur, const float* m, const float
   }
 }
 
-// Phase 1: unit u, chunk c. Without split-K the task writes its rows of out; with it, the
-// partial states.
+// The token bound of chunk c of a span cut into n chunks of weights n, n-1, ..., 1 (on whole
+// tiles; the last bound is the span).
+int64_t chunk_bound(int64_t span, int64_t n, int64_t c) {
+  if (c >= n) return span;
+  const int64_t w = c * n - c * (c - 1) / 2, total = n * (n + 1) / 2;
+  return std::min(span, span * w / total / kChunkAlign * kChunkAlign);
+}
+
 template <DType T>
-void phase1(const Plan& pl, int64_t task, bool portable) {
-  const int64_t u = task / pl.nchunks, c = task % pl.nchunks;
+void phase2(const Plan& pl, int64_t u);
+
+// Phase 1: one task. Without split-K the task is unit `task` and writes its rows of out; with it,
+// it is chunk c = task / units of unit u = task % units and writes the partial states; the last
+// chunk of a unit to finish merges them (phase 2).
+template <DType T>
+void phase1(const Plan& pl, int64_t task, std::atomic<int64_t>* done, bool portable) {
+  const int64_t u = pl.nchunks == 1 ? task : task % pl.units, c = pl.nchunks == 1 ? 0 : task / pl.units;
   const UnitRange ur = unit_range(pl, u);
   const int64_t span = ur.thi - ur.tlo;
-  const int64_t t0 = ur.tlo + span * c / pl.nchunks, t1 = ur.tlo + span * (c + 1) / pl.nchunks;
+  const int64_t t0 = ur.tlo + chunk_bound(span, pl.nchunks, c), t1 = ur.tlo + chunk_bound(span, pl.nchunks, c + 1);
   const int64_t nr = ur.r1 - ur.r0, D = pl.p->D;
   TaskScratch& s = task_scratch();
   ensure(s.m, nr);
@@ -156,6 +174,8 @@ void phase1(const Plan& pl, int64_t task, bool portable) {
     st[1] = s.l[size_t(r)];
     std::copy(s.o.data() + r * D, s.o.data() + (r + 1) * D, st + 2);
   }
+  // acq_rel: the last one sees every other chunk's states.
+  if (done[u].fetch_add(1, std::memory_order_acq_rel) == pl.nchunks - 1) phase2<T>(pl, u);
 }
 
 // Phase 2 (split-K only): merges the chunks of unit u in order and writes its rows of out.
@@ -208,19 +228,25 @@ Status run_attention(const AttentionParams& p) {
   const double work = double(p.B * p.Hq * p.Lq) * double(std::max<int64_t>(span, 1)) * double(p.D);
   const int use = work < double(kInlineWork) ? 1 : threads;
   pl.nchunks = 1;
-  if (use > 1 && pl.units < kTasksPerThread * use) {
-    const int64_t want = (kTasksPerThread * use + pl.units - 1) / pl.units;
-    pl.nchunks = std::clamp<int64_t>(span / kMinChunk, 1, want);
+  if (use > 1 && pl.units < kChunkTasks * use) {
+    const int64_t want = (kChunkTasks * use + pl.units - 1) / pl.units;
+    // The smallest chunk, span / (n (n + 1) / 2) tokens, keeps at least kMinChunk of them.
+    int64_t n = 1;
+    while (n < want && span * 2 / ((n + 1) * (n + 2)) >= kMinChunk) ++n;
+    pl.nchunks = n;
   }
 
   std::vector<float> partial;
+  std::unique_ptr<std::atomic<int64_t>[]> done;
   if (pl.nchunks > 1) {
     partial.resize(size_t(pl.units * pl.nchunks * pl.rb * (p.D + 2)));
     pl.partial = partial.data();
+    done.reset(new std::atomic<int64_t>[size_t(pl.units)]);
+    for (int64_t u = 0; u < pl.units; ++u) done[size_t(u)].store(0, std::memory_order_relaxed);
   }
   ThreadPool& pool = ThreadPool::global();
-  bool ok = pool.parallel_for(use, pl.units * pl.nchunks, [&](int64_t t) { phase1<T>(pl, t, portable); });
-  if (ok && pl.nchunks > 1) ok = pool.parallel_for(use, pl.units, [&](int64_t u) { phase2<T>(pl, u); });
+  const bool ok =
+      pool.parallel_for(use, pl.units * pl.nchunks, [&](int64_t t) { phase1<T>(pl, t, done.get(), portable); });
   if (!ok) return make_status(StatusCode::backend_error, "cpu backend: a worker failed (out of memory?)", Backend::cpu);
   return make_status(StatusCode::ok, "", Backend::cpu);
 }

@@ -1,7 +1,17 @@
 #include "thread_pool.hpp"
 
+#if defined(__x86_64__) || defined(__i386__) || defined(_M_X64)
+#include <immintrin.h>
+#define QSDPA_PAUSE() _mm_pause()
+#elif defined(__aarch64__)
+#define QSDPA_PAUSE() asm volatile("yield")
+#else
+#define QSDPA_PAUSE() ((void)0)
+#endif
+
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <system_error>
 
 namespace qsdpa::detail::cpu {
@@ -14,6 +24,24 @@ struct ThreadPool::Job {
   std::atomic<bool> failed{false};
 };
 
+namespace {
+
+// Spins until done() or for about ns nanoseconds; returns done().
+template <class F>
+bool spin_until(F&& done, int64_t ns) {
+  if (done()) return true;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::nanoseconds(ns);
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      QSDPA_PAUSE();
+      if (done()) return true;
+    }
+    if (std::chrono::steady_clock::now() >= end) return done();
+  }
+}
+
+}  // namespace
+
 ThreadPool& ThreadPool::global() {
   // A function-local static: built on first use, destroyed (workers joined) at exit.
   static ThreadPool pool;
@@ -23,7 +51,7 @@ ThreadPool& ThreadPool::global() {
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    stop_ = true;
+    stop_.store(true);
   }
   wake_.notify_all();
   for (auto& t : workers_)
@@ -61,17 +89,25 @@ void ThreadPool::grow(int workers) {
 
 void ThreadPool::worker_main(int id) {
   uint64_t seen = 0;
-  std::unique_lock<std::mutex> lk(mu_);
   for (;;) {
-    wake_.wait(lk, [&] { return stop_ || generation_ != seen; });
-    if (stop_) return;
-    seen = generation_;
-    if (id >= active_) continue;
-    Job* job = job_;
-    lk.unlock();
+    const auto posted = [&] {
+      return stop_.load(std::memory_order_acquire) || generation_.load(std::memory_order_acquire) != seen;
+    };
+    spin_until(posted, kSpinNs);
+    Job* job = nullptr;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      wake_.wait(lk, posted);
+      if (stop_.load()) return;
+      seen = generation_.load();
+      if (id < active_) job = job_;
+    }
+    if (!job) continue;
     run_tasks(*job);
-    lk.lock();
-    if (--pending_ == 0) done_.notify_one();
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::lock_guard<std::mutex> lk(mu_);  // the caller checks pending_ under mu_ before it sleeps
+      done_.notify_one();
+    }
   }
 }
 
@@ -93,14 +129,16 @@ bool ThreadPool::run(int threads, int64_t count, TaskFn fn, void* ctx) {
     std::lock_guard<std::mutex> lk(mu_);
     job_ = &job;
     active_ = std::min(int(want) - 1, int(workers_.size()));
-    pending_ = active_;
-    ++generation_;
+    pending_.store(active_);
+    generation_.fetch_add(1, std::memory_order_release);
   }
   wake_.notify_all();
   run_tasks(job);
+  const auto finished = [&] { return pending_.load(std::memory_order_acquire) == 0; };
+  spin_until(finished, kSpinNs);
   {
     std::unique_lock<std::mutex> lk(mu_);
-    done_.wait(lk, [&] { return pending_ == 0; });
+    done_.wait(lk, finished);
     job_ = nullptr;
     active_ = 0;
   }

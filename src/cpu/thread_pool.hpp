@@ -1,13 +1,16 @@
 // The CPU backend's persistent thread pool.
 //
 // One pool per process, created on first use and grown (never shrunk) to the largest number of
-// threads a call asks for; its workers sleep on a condition variable between calls and are joined
-// when the process exits. A call runs `count` tasks on up to `threads` threads, the calling thread
+// threads a call asks for; between calls its workers first spin for a short while (kSpinNs: calls
+// that follow each other closely, like the layers of a decode step, then find them awake) and then
+// sleep on a condition variable; they are joined when the process exits. A call runs `count` tasks on up to `threads` threads, the calling thread
 // being one of them, and returns when every task has returned. Calls from several caller threads
 // are serialized (one job runs at a time); a call that needs a single thread runs inline on the
-// caller and never waits for the pool.
+// caller and never waits for the pool. Tasks are handed out one at a time from an atomic counter,
+// so a thread that is slowed down (a core shared with another process) takes fewer of them.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -49,15 +52,18 @@ class ThreadPool {
 
   std::mutex call_mu_;  // one job at a time
 
-  std::mutex mu_;  // guards everything below
+  // How long an idle worker (and a caller waiting for its workers) spins before it sleeps.
+  static constexpr int64_t kSpinNs = 200000;
+
+  std::mutex mu_;  // guards everything below; the atomics are also read without it while spinning
   std::condition_variable wake_;
   std::condition_variable done_;
   std::vector<std::thread> workers_;
   Job* job_ = nullptr;
-  uint64_t generation_ = 0;
-  int active_ = 0;   // workers 0..active_-1 take part in the current job
-  int pending_ = 0;  // of those, how many have not finished it yet
-  bool stop_ = false;
+  std::atomic<uint64_t> generation_{0};  // written under mu_
+  int active_ = 0;                 // workers 0..active_-1 take part in the current job
+  std::atomic<int> pending_{0};    // of those, how many have not finished it yet
+  std::atomic<bool> stop_{false};  // written under mu_
 };
 
 // Threads a call uses when it asks for `requested` (0 or less: every hardware thread).
