@@ -143,11 +143,53 @@ Buffers carve(C& cv, int64_t nr, int64_t D, int64_t Dp, int64_t npairs, int64_t 
 }
 
 // The tile's scales and biases ([tn, ng] of type T from row `row0`) as f32 [g][kTile], the
-// biases made those of the codes centred on h (z + h s); the lanes past tn are zero.
+// biases made those of the codes centred on h (z + h s); the lanes past tn are zero. `tmp` holds
+// [2, kTile, ng] floats (used by f32, and by more than 4 groups).
 void tile_params(DType t, const void* sc, const void* bi, int64_t row0, int64_t tn, int64_t ng, int64_t nt,
                  float h, float* tmp, float* s_out, float* z_out) {
   const DF df;
   const int64_t NL = int64_t(hn::Lanes(df));
+  if (t != DType::f32 && (ng == 1 || ng == 2 || ng == 4)) {
+    // f16 / bf16 and 1, 2 or 4 groups: the halves are taken apart into groups and widened in
+    // registers, with no f32 copy in between.
+    const hn::Rebind<uint16_t, DF> d16;
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    const hn::RebindToUnsigned<DF> du32;
+    const bool f16 = t == DType::f16;
+    const auto widen = [&](hn::Vec<decltype(d16)> v) {
+      return f16 ? hn::PromoteTo(df, hn::BitCast(dh, v)) : hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du32, v)));
+    };
+    const auto* s16 = static_cast<const uint16_t*>(sc) + row0 * ng;
+    const auto* z16 = static_cast<const uint16_t*>(bi) + row0 * ng;
+    const auto hv = hn::Set(df, h);
+    int64_t i = 0;
+    for (; i + NL <= tn; i += NL) {
+      hn::Vec<decltype(d16)> S[4], Z[4];
+      if (ng == 1) {
+        S[0] = hn::LoadU(d16, s16 + i), Z[0] = hn::LoadU(d16, z16 + i);
+      } else if (ng == 2) {
+        hn::LoadInterleaved2(d16, s16 + i * 2, S[0], S[1]);
+        hn::LoadInterleaved2(d16, z16 + i * 2, Z[0], Z[1]);
+      } else {
+        hn::LoadInterleaved4(d16, s16 + i * 4, S[0], S[1], S[2], S[3]);
+        hn::LoadInterleaved4(d16, z16 + i * 4, Z[0], Z[1], Z[2], Z[3]);
+      }
+      for (int64_t g = 0; g < ng; ++g) {
+        const auto sv = widen(S[g]);
+        hn::Store(sv, df, s_out + g * kTile + i);
+        hn::Store(hn::MulAdd(sv, hv, widen(Z[g])), df, z_out + g * kTile + i);
+      }
+    }
+    for (; i < nt; ++i)  // the last lanes: tokens past tn are zero
+      for (int64_t g = 0; g < ng; ++g) {
+        const int64_t j = i * ng + g;
+        const float sv = i < tn ? (f16 ? f16_to_f32(s16[j]) : bf16_to_f32(s16[j])) : 0.0f;
+        const float zv = i < tn ? (f16 ? f16_to_f32(z16[j]) : bf16_to_f32(z16[j])) : 0.0f;
+        s_out[g * kTile + i] = sv;
+        z_out[g * kTile + i] = zv + h * sv;  // h s is exact: h is a power of two
+      }
+    return;
+  }
   const size_t ts = t == DType::f32 ? 4 : 2;
   float* ts_ = tmp;
   float* tz = tmp + kTile * ng;
