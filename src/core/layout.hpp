@@ -96,19 +96,3 @@ QSDPA_HD int64_t seq_q_len(const int32_t* q_lens, int64_t b, int64_t Lq, int64_t
 
 }  // namespace qsdpa::detail
 
-namespace qsdpa::detail {
-
-// Whether a call uses anything beyond the dense [B, Hkv, N] caches, contiguous q / out / masks
-// and one length for the batch.
-inline bool uses_serving_layout(const AttentionParams& p) {
-  auto dense = [&](const KVCache& c) { return resolve_layout(c.layout, p.Hkv, p.N).dense(p.Hkv, p.N); };
-  const ElemMap q = resolve_strides(p.q_strides, p.Hq, p.Lq, p.D), qd = resolve_strides({}, p.Hq, p.Lq, p.D);
-  const ElemMap o = resolve_strides(p.out_strides, p.Hq, p.Lq, p.D);
-  const ElemMap m = resolve_strides(p.mask_strides, p.Hq, p.Lq, p.N), md = resolve_strides({}, p.Hq, p.Lq, p.N);
-  auto same = [](const ElemMap& a, const ElemMap& b) { return a.b == b.b && a.h == b.h && a.l == b.l; };
-  const bool masks = p.bool_mask || p.float_mask;
-  return !dense(p.k) || !dense(p.v) || !same(q, qd) || !same(o, qd) || (masks && !same(m, md)) || p.kv_lens ||
-         p.q_lens;
-}
-
-}  // namespace qsdpa::detail
