@@ -396,22 +396,7 @@ void decode_loop(Backend be) {
     s = attention(p);
     ASSERT_TRUE(s.ok()) << s.message;
 
-    // the oracle: a contiguous [B, Hkv, N] cache quantized from all rows so far (zeros past a
-    // sequence's end, hidden by its length)
-    const int64_t N = p.N;
-    std::vector<uint8_t> kraw(size_t(B * Hkv * N * D * ts)), vraw(kraw.size());
-    for (int64_t bh = 0; bh < B * Hkv; ++bh)
-      for (int64_t i = 0; i < int64_t(kall[size_t(bh)].size()) / D; ++i)
-        for (int64_t d = 0; d < D; ++d) {
-          detail::store_f32(kraw.data(), t, (bh * N + i) * D + d, kall[size_t(bh)][size_t(i * D + d)]);
-          detail::store_f32(vraw.data(), t, (bh * N + i) * D + d, vall[size_t(bh)][size_t(i * D + d)]);
-        }
-    HostCache kc = quantize_host(t, kf, B * Hkv * N, D, kraw), vc = quantize_host(t, vf, B * Hkv * N, D, vraw);
-    AttentionParams r = p;
-    r.k = {kf, kc.packed.data(), kc.scales.data(), kc.biases.data(), {}};
-    r.v = {vf, vc.packed.data(), vc.scales.data(), vc.biases.data(), {}};
-    const std::string err = check_against_reference(r, out.data());
-    ASSERT_EQ(err, "") << "step " << step;
+    ASSERT_EQ(check_step_on_contiguous(p, kf, vf, kall, vall, out.data()), "") << "step " << step;
   }
 }
 

@@ -40,6 +40,7 @@ using cpu::Plan;
 using cpu::SoftmaxState;
 using cpu::Task;
 using cpu::ThreadPool;
+using cpu::ensure;
 
 constexpr int64_t kMinChunk = 64;         // fewest tokens worth a split-K chunk
 constexpr int64_t kBlockFloats = 8192;    // rows per block: at most this many floats of o
@@ -73,11 +74,6 @@ struct TaskScratch {
 TaskScratch& task_scratch() {
   thread_local TaskScratch s;
   return s;
-}
-
-template <class V>
-void ensure(V& v, int64_t n) {
-  if (int64_t(v.size()) < n) v.resize(size_t(n));
 }
 
 void run_kernel(const Plan& pl, const Task& t, bool portable) {

@@ -47,6 +47,12 @@ struct Task {
   float* o;
 };
 
+// Grows a per-thread scratch vector to at least n elements (never shrinks it).
+template <class V>
+void ensure(V& v, int64_t n) {
+  if (int64_t(v.size()) < n) v.resize(size_t(n));
+}
+
 // The portable kernel: always available.
 void portable_attend(const Plan& pl, const Task& t);
 

@@ -105,11 +105,6 @@ Scratch& scratch() {
   return s;
 }
 
-template <class V>
-void ensure(V& v, int64_t n) {
-  if (int64_t(v.size()) < n) v.resize(size_t(n));
-}
-
 template <DType T>
 void attend(const Plan& pl, const Task& task) {
   const AttentionParams& p = *pl.p;

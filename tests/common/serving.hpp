@@ -267,6 +267,27 @@ struct ServingProblem {
   }
 };
 
+// The oracle of one decode step: `r` (host q, lengths and masks) on a contiguous [B, Hkv, N]
+// cache quantized from all rows appended so far (rows[b * Hkv + h]: D floats per token, in order;
+// zeros past a sequence's end, hidden by its length), checked against `out`.
+inline std::string check_step_on_contiguous(AttentionParams r, QuantFormat kf, QuantFormat vf,
+                                            const std::vector<std::vector<float>>& krows,
+                                            const std::vector<std::vector<float>>& vrows, const void* out) {
+  const DType t = r.dtype;
+  const int64_t N = r.N, D = r.D, BH = r.B * r.Hkv, ts = int64_t(tsize(t));
+  std::vector<uint8_t> kraw(size_t(BH * N * D * ts)), vraw(kraw.size());
+  for (int64_t bh = 0; bh < BH; ++bh)
+    for (int64_t i = 0; i < int64_t(krows[size_t(bh)].size()) / D; ++i)
+      for (int64_t d = 0; d < D; ++d) {
+        detail::store_f32(kraw.data(), t, (bh * N + i) * D + d, krows[size_t(bh)][size_t(i * D + d)]);
+        detail::store_f32(vraw.data(), t, (bh * N + i) * D + d, vrows[size_t(bh)][size_t(i * D + d)]);
+      }
+  HostCache kc = quantize_host(t, kf, BH * N, D, kraw), vc = quantize_host(t, vf, BH * N, D, vraw);
+  r.k = {kf, kc.packed.data(), kc.scales.data(), kc.biases.data(), {}};
+  r.v = {vf, vc.packed.data(), vc.scales.data(), vc.biases.data(), {}};
+  return check_against_reference(r, out);
+}
+
 // A spread of serving cases over the layouts, lengths and formats (seeded, deterministic).
 inline std::vector<ServingCase> serving_cases(bool large = false) {
   std::vector<ServingCase> v;
