@@ -368,16 +368,23 @@ bool Attend(const Plan& pl, const Task& task) {
   const auto tile_len = [&](int64_t ta) {
     return std::min({kTile, task.t1 - ta, pl.km.page_rest(ta), pl.vm.page_rest(ta)});
   };
-  for (int64_t ta = task.t0, tn = 0; ta < task.t1; ta += tn) {
-    tn = tile_len(ta);
+  // This tile's length and rows; the next tile's, found for its prefetch, become the next
+  // iteration's (a paged cache reads its block table once per tile).
+  int64_t tn = 0, krow = 0, vrow = 0, n1 = 0, krow1 = 0, vrow1 = 0;
+  if (task.t0 < task.t1) {
+    n1 = tile_len(task.t0);
+    krow1 = pl.km.row(task.b, task.kvh, task.t0);
+    vrow1 = pl.vm.row(task.b, task.kvh, task.t0);
+  }
+  for (int64_t ta = task.t0; ta < task.t1; ta += tn) {
+    tn = n1, krow = krow1, vrow = vrow1;
     const int64_t nlg = (tn + NL - 1) / NL, nt = nlg * NL;
-    const int64_t krow = pl.km.row(task.b, task.kvh, ta), vrow = pl.vm.row(task.b, task.kvh, ta);
 
     // 0. the next tile: its scales and biases now, its K and V rows a part at a time inside the
     // kernels below (prefetch_part).
-    const int64_t n1 = ta + tn < task.t1 ? tile_len(ta + tn) : 0;
-    const int64_t krow1 = n1 > 0 ? pl.km.row(task.b, task.kvh, ta + tn) : 0;
-    const int64_t vrow1 = n1 > 0 ? pl.vm.row(task.b, task.kvh, ta + tn) : 0;
+    n1 = ta + tn < task.t1 ? tile_len(ta + tn) : 0;
+    krow1 = n1 > 0 ? pl.km.row(task.b, task.kvh, ta + tn) : 0;
+    vrow1 = n1 > 0 ? pl.vm.row(task.b, task.kvh, ta + tn) : 0;
     ka.ahead = n1 > 0 ? reinterpret_cast<const char*>(p.k.packed + krow1 * wpr) : nullptr;
     ka.ahead_bytes = n1 * wpr * 4;
     va.ahead = n1 > 0 ? reinterpret_cast<const char*>(p.v.packed) + vrow1 * vrow_bytes : nullptr;
