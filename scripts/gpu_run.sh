@@ -6,8 +6,9 @@
 #   scripts/prepare_gpu_deps.sh          # on the development machine, once: fills .deps/
 #   scripts/gpu_run.sh OUTDIR            # on the GPU machine, from anywhere
 #
-# Everything lands in OUTDIR as at most 7 plain files: summary.txt, build.log, ctest.log,
-# sanitizer.log, bench.json (+ bench.log), nvidia-smi.txt. Each step has a time limit taken from
+# Everything lands in OUTDIR: summary.txt, bench.json, with QSDPA_GPU_SERVING=1 serving.jsonl and
+# cpu.txt, with QSDPA_GPU_NCU=1 ncu.txt, with QSDPA_GPU_TUNE tune.jsonl, and logs.tgz (build, ctest,
+# sanitizer, bench, nvidia-smi and the other logs; QSDPA_GPU_PACK=0 leaves them as plain files). Each step has a time limit taken from
 # what is left of QSDPA_GPU_BUDGET seconds (default 450), so the run ends in time and summary.txt
 # always says what ran and what did not.
 set -uo pipefail
@@ -39,7 +40,14 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
   sed 's/^/gpu: /' | tee -a "$summary"
 say "nvcc: $(nvcc --version 2>/dev/null | tail -1)"
 
-# ---- build --------------------------------------------------------------------------------------
+# ---- build (and, with QSDPA_GPU_TUNE, the tuning variants beside it) ----------------------------
+tune_pid=""
+if [ -n "${QSDPA_GPU_TUNE:-}" ]; then
+  read -r -a tv <<<"$QSDPA_GPU_TUNE"
+  tv=("${tv[@]//+/ }")
+  bash scripts/gpu_tune.sh build "$out" "${tv[@]}" >/dev/null 2>&1 &
+  tune_pid=$!
+fi
 deps_flag=()
 [ -d "$root/.deps" ] && deps_flag=(-DQSDPA_DEPS_DIR="$root/.deps")
 jobs=$(nproc)
@@ -114,6 +122,11 @@ else
 fi
 
 # ---- benchmark ----------------------------------------------------------------------------------
+if [ -n "$tune_pid" ]; then  # nothing else may run on the machine while it is timed
+  t0=$(elapsed)
+  wait "$tune_pid"
+  say "tuning variants built (waited $(($(elapsed) - t0)) s)"
+fi
 cli="$build/tools/qsdpa"
 if [ -x "$cli" ]; then
   t0=$(elapsed)
@@ -147,4 +160,37 @@ if [ "${QSDPA_GPU_SERVING:-0}" = 1 ] && [ -x "$cli" ]; then
   say "cpu bench (2 cores of this host): rc $? in $(($(elapsed) - t0)) s"
 fi
 
+# ---- per-kernel profile (QSDPA_GPU_NCU=1): durations of the small decode step's two kernels, and
+# the headline 4-bit kernel's stall reasons and occupancy -------------------------------------------
+if [ "${QSDPA_GPU_NCU:-0}" = 1 ] && [ -x "$cli" ] && command -v ncu >/dev/null; then
+  t0=$(elapsed)
+  {
+    echo "===== B=1 N=4096 4-bit: per-kernel durations ====="
+    timeout "$(limit 60 20)" ncu --clock-control none -k regex:'attention_kernel|combine_kernel' \
+      --launch-skip 20 --launch-count 4 \
+      --metrics gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,launch__grid_size,launch__registers_per_thread,launch__occupancy_limit_registers \
+      "$cli" bench --backend cuda --no-torch --B 1 --N 4096 --bits 4 --iters 20
+    echo "===== B=8 N=32768 4-bit: attention kernel, details ====="
+    timeout "$(limit 90 20)" ncu --clock-control none -k regex:attention_kernel --launch-skip 12 --launch-count 1 \
+      --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+      --section LaunchStats --section MemoryWorkloadAnalysis \
+      "$cli" bench --backend cuda --no-torch --B 8 --N 32768 --bits 4 --iters 5
+  } >"$out/ncu.txt" 2>&1
+  say "ncu: rc $? in $(($(elapsed) - t0)) s"
+fi
+
+# ---- tuning variants (QSDPA_GPU_TUNE='name=flags ...', rounds QSDPA_GPU_TUNE_ROUNDS) ----------
+if [ -n "${QSDPA_GPU_TUNE:-}" ]; then
+  t0=$(elapsed)
+  timeout "$(limit 400 5)" bash scripts/gpu_tune.sh bench "$out" "${QSDPA_GPU_TUNE_ROUNDS:-2}" "${tv[@]}" \
+    -- ${QSDPA_GPU_TUNE_FLAGS:-} >/dev/null 2>&1
+  say "tune: rc $? in $(($(elapsed) - t0)) s"
+  sed 's/^/  /' "$out/tune.log" | grep -v '^  round' | tee -a "$summary" >/dev/null
+fi
+
 say "total: $(elapsed) s"
+# At most 8 files come back from the GPU machine: the logs travel as one archive.
+if [ "${QSDPA_GPU_PACK:-1}" = 1 ]; then
+  (cd "$out" && ls build.log ctest.log sanitizer.log bench.log nvidia-smi.txt serving.log tune.log 2>/dev/null |
+    xargs -r tar czf logs.tgz --remove-files)
+fi

@@ -49,7 +49,15 @@ bool layout_ok(const AttnArgs& a) {
 
 // Query rows per block: 16 (two n-tiles of 8) when there are more than 8 and D <= 128; D = 256
 // keeps one n-tile (the Oᵀ accumulators would not fit in registers) and adds row tiles.
-int n_tiles(const AttnArgs& a) { return (a.Hq / a.Hkv * a.Lq > 8 && a.D <= 128) ? 2 : 1; }
+// (-DQSDPA_MMA_ONE_NTILE: always one n-tile, more row tiles; a tuning knob.)
+int n_tiles(const AttnArgs& a) {
+#ifdef QSDPA_MMA_ONE_NTILE
+  (void)a;
+  return 1;
+#else
+  return (a.Hq / a.Hkv * a.Lq > 8 && a.D <= 128) ? 2 : 1;
+#endif
+}
 
 template <class T, int BITS, int D>
 cudaError_t launch_d(const AttnArgs& a, cudaStream_t s) {

@@ -27,6 +27,17 @@ constexpr int kBlockTokens = kWarps * kTileTokens;  // the dispatcher's chunk gr
 constexpr float kTau = 8.0f;                     // lazy-rescale margin (log2 units): p <= 2^8
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+// Blocks per multiprocessor the register allocation must allow (__launch_bounds__): one n-tile of
+// query rows with D <= 128, and the wider instantiations (D = 256 or two n-tiles). Build-time
+// knobs for tuning runs (-DQSDPA_MMA_MIN_BLOCKS=...); the defaults are the measured best.
+#ifndef QSDPA_MMA_MIN_BLOCKS
+#define QSDPA_MMA_MIN_BLOCKS 3
+#endif
+#ifndef QSDPA_MMA_MIN_BLOCKS_WIDE
+#define QSDPA_MMA_MIN_BLOCKS_WIDE 2
+#endif
+constexpr int kMinBlocks = QSDPA_MMA_MIN_BLOCKS;
+constexpr int kMinBlocksWide = QSDPA_MMA_MIN_BLOCKS_WIDE;
 
 template <class T, int BITS, int D, int NT, bool KDEN, int STAGES>
 struct Shape {
@@ -70,7 +81,7 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
 
 // KDEN: f16 keys as subnormal codes, else as magic-number codes (ignored for bf16).
 template <class T, int BITS, int D, int NT, bool KDEN, int STAGES>
-__global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? 2 : 3) attention_kernel(const AttnArgs a) {
+__global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlocksWide : kMinBlocks) attention_kernel(const AttnArgs a) {
   using S = Shape<T, BITS, D, NT, KDEN, STAGES>;
   using F = typename S::F;
   using Y = Ty<T>;

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Tuning run on a GPU machine: builds the `qsdpa` program once per variant of the CUDA build-time
+# knobs, then times `qsdpa bench --backend cuda` (the default sweep, or the shapes given) for every
+# variant in interleaved rounds, so that drift of the machine hits all variants alike. Usage:
+#
+#   scripts/gpu_tune.sh build OUTDIR 'name=-DKNOB=1 -DOTHER=2' ...
+#   scripts/gpu_tune.sh bench OUTDIR ROUNDS 'name=...' ... [-- bench flags]
+#
+# `build` builds the variants in parallel, in build-tune-NAME (the variant named base is the main
+# build, QSDPA_GPU_BUILD, default build-gpu); `bench` writes OUTDIR/tune.jsonl
+# (one bench record per shape, variant and round, with keys "variant" and "round" added) and
+# appends to OUTDIR/tune.log, ending with the median time of each shape and variant.
+set -uo pipefail
+mode="${1:?usage: scripts/gpu_tune.sh build|bench OUTDIR [ROUNDS] VARIANT... [-- bench flags]}"
+out="${2:?OUTDIR}"
+shift 2
+rounds=1
+if [ "$mode" = bench ]; then rounds="${1:?rounds}"; shift; fi
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+variants=()
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do variants+=("$1"); shift; done
+[ "${1:-}" = "--" ] && shift
+bench_flags=("$@")
+log="$out/tune.log"
+deps_flag=()
+[ -d "$root/.deps" ] && deps_flag=(-DQSDPA_DEPS_DIR="$root/.deps")
+jobs=$(nproc)
+if [ "$mode" = build ]; then
+pids=()
+for v in "${variants[@]}"; do
+  name="${v%%=*}" flags="${v#*=}"
+  [ "$name" = base ] && continue  # the main build (QSDPA_GPU_BUILD, default build-gpu)
+  (
+    cmake -S . -B "build-tune-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release -DQSDPA_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90a-real -DQSDPA_TEST_MLX=OFF -DQSDPA_PYTHON=OFF -DQSDPA_BUILD_TESTS=OFF \
+      "${deps_flag[@]}" "-DCMAKE_CUDA_FLAGS=$flags" >"build-tune-$name.cfg.log" 2>&1 &&
+      cmake --build "build-tune-$name" -j"$jobs" --target qsdpa_cli >"build-tune-$name.log" 2>&1
+    echo "variant $name ($flags): build rc $?" >>"$log"
+  ) &
+  pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p"; done
+exit 0
+fi
+for r in $(seq 1 "$rounds"); do
+  for v in "${variants[@]}"; do
+    name="${v%%=*}"
+    cli="build-tune-$name/tools/qsdpa"
+    [ "$name" = base ] && cli="${QSDPA_GPU_BUILD:-build-gpu}/tools/qsdpa"
+    [ -x "$cli" ] || continue
+    "$cli" bench --backend cuda --no-torch --jsonl "${bench_flags[@]}" 2>>"$log" |
+      python3 -c 'import json,sys
+for line in sys.stdin:
+    line=line.strip()
+    if not line: continue
+    r=json.loads(line); r["variant"]=sys.argv[1]; r["round"]=int(sys.argv[2]); print(json.dumps(r))' "$name" "$r" \
+        >>"$out/tune.jsonl"
+    echo "round $r variant $name: done" >>"$log"
+  done
+done
+# one line per shape: the median over rounds of each variant's time
+python3 - "$out/tune.jsonl" <<'EOF' | tee -a "$log"
+import json, sys, statistics, collections
+t = collections.defaultdict(list)
+order = []
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    key = (r["B"], r["Hq"], r["Hkv"], r["Lq"], r["N"], r["D"], r.get("k_bits"), r.get("v_bits"), r.get("paged", 0))
+    if key not in order: order.append(key)
+    t[(key, r["variant"])].append(r["time_us"])
+variants = sorted({v for (_, v) in t}, key=lambda v: v)
+print("shape (B Hq Hkv Lq N D kbits vbits paged) | " + " | ".join(variants))
+for key in order:
+    print(" ".join(map(str, key)) + " | " + " | ".join(
+        "%.1f" % statistics.median(t[(key, v)]) if (key, v) in t else "-" for v in variants))
+EOF
