@@ -79,8 +79,11 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
   return v;
 }
 
-// KDEN: f16 keys as subnormal codes, else as magic-number codes (ignored for bf16).
-template <class T, int BITS, int D, int NT, bool KDEN, int STAGES>
+// KDEN: f16 keys as subnormal codes, else as magic-number codes (ignored for bf16). LAYOUT: the
+// caches may be strided or paged (mma_supports' layouts); without it they are the dense
+// [B, Hkv, N] and the row arithmetic of the other layouts is compiled out (it costs the dense
+// kernel registers and issue slots in its copy path).
+template <class T, int BITS, int D, int NT, bool KDEN, int STAGES, bool LAYOUT>
 __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlocksWide : kMinBlocks) attention_kernel(const AttnArgs a) {
   using S = Shape<T, BITS, D, NT, KDEN, STAGES>;
   using F = typename S::F;
@@ -144,8 +147,9 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
   // (capacity, paged pools: mma_supports) have token stride 1, tiles that lie in one page, and
   // strides that keep the 16-byte phase of the scale spans (the same for K and V).
   const bool in = t_first < te;
-  const int64_t krow_first = a.dense ? bh * N + t_first : in ? a.kmap.row(b, kvh, t_first) : 0;
-  const int64_t vrow_first = a.dense ? krow_first : in ? a.vmap.row(b, kvh, t_first) : 0;
+  const bool dense = !LAYOUT || a.dense;
+  const int64_t krow_first = dense ? bh * N + t_first : in ? a.kmap.row(b, kvh, t_first) : 0;
+  const int64_t vrow_first = dense ? krow_first : in ? a.vmap.row(b, kvh, t_first) : 0;
   // lane's first piece of the warp's first tile (piece i = lane + 32 k sits at byte 16 i)
   const uint8_t* gk = reinterpret_cast<const uint8_t*>(a.k_packed) + krow_first * kRB + lane * 16;
   const uint8_t* gv = reinterpret_cast<const uint8_t*>(a.v_packed) + vrow_first * kRB + lane * 16;
@@ -167,7 +171,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
 
   // A paged cache whose K and V share one layout: the page of the warp's next tile is read at the
   // issue before (one int32 in flight), so that no issue waits for a block-table load.
-  const bool pf = !a.dense && a.same_layout && a.kmap.block_table != nullptr;
+  const bool pf = !dense && a.same_layout && a.kmap.block_table != nullptr;
   const int32_t* bt_b = pf ? a.kmap.block_table + b * a.kmap.bt_stride : nullptr;
   // 16-token pages (half a warp tile): the tile's second half lies in the next table entry.
   const bool half = pf && a.kmap.page_shift < 5;
@@ -178,7 +182,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
     const uint32_t sk = wring + uint32_t(stage * S::kStage), sv = sk + kTW * kRB, ss = sv + kTW * kRB;
     // rows from the first tile to this one (K and V in one layout: one lookup)
     int64_t dk = it * tile_step, dv = dk, d2 = 0;  // d2: rows the second half moves (16-token pages)
-    if (pf) {
+    if (LAYOUT && pf) {
       const int64_t t = t_first + it * tile_step;
       const int64_t pmask = (int64_t(1) << a.kmap.page_shift) - 1;
       const int64_t hoff = kvh * a.kmap.head_stride;
@@ -189,7 +193,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
         next_page = bt_b[tn >> a.kmap.page_shift];
         if (half && tn + 16 < te) next_page2 = bt_b[(tn >> a.kmap.page_shift) + 1];
       }
-    } else if (!a.dense) {
+    } else if (LAYOUT && !dense) {
       const int64_t t = t_first + it * tile_step;
       dk = a.kmap.row(b, kvh, t) - krow_first;
       dv = a.same_layout ? dk : a.vmap.row(b, kvh, t) - vrow_first;
@@ -199,7 +203,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
     const int vlen = soff + int(left < kTW ? left : kTW) * ng * 2;  // valid bytes of the span
     const uint8_t* ps = gsc + (sc_lane_arr < 2 ? dk : dv) * ng * 2;
     const uint32_t sd = ss + uint32_t(sc_lane_arr * kSCB + sc_lane_k * 16);
-    if (half) {  // 16-token pages: pieces k >= kC / 2 are rows 16..31, in the second page; the
+    if (LAYOUT && half) {  // 16-token pages: pieces k >= kC / 2 are rows 16..31, in the second page; the
                  // scale span starts at a page (soff = 0) and its pieces from 2 ng on are rows 16..31
 #pragma unroll
       for (int k = 0; k < kC; ++k) {
@@ -667,10 +671,10 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
 }
 
 // Launches one instantiation: grid (B * Hkv * query-row tiles of 8 * NT, num_splits).
-template <class T, int BITS, int D, int NT, bool KDEN, int STAGES>
+template <class T, int BITS, int D, int NT, bool KDEN, int STAGES, bool LAYOUT>
 cudaError_t launch(const AttnArgs& a, cudaStream_t stream) {
   using S = Shape<T, BITS, D, NT, KDEN, STAGES>;
-  auto* kern = attention_kernel<T, BITS, D, NT, KDEN, STAGES>;
+  auto* kern = attention_kernel<T, BITS, D, NT, KDEN, STAGES, LAYOUT>;
   // The shared-memory opt-in, once per device (devices 0..63; others ask on every launch).
   static std::atomic<uint64_t> opted{0};
   int dev = 0;

@@ -5,10 +5,11 @@
 //
 // Build and run (from the repository root; the variants it times are listed in variant()):
 //   F="-std=c++20 -O3 -arch=sm_90a --expt-relaxed-constexpr -Iinclude -Isrc/cuda"
-//   nvcc $F -c src/cuda/attention_mma.cu -o a.o; nvcc $F -c tests/cuda/mma_standalone.cu -o t.o
+//   for f in attention_mma attention_mma_dense attention_mma_layout; do nvcc $F -c src/cuda/$f.cu -o $f.o; done
+//   nvcc $F -c tests/cuda/mma_standalone.cu -o t.o
 //   g++ -std=c++20 -O2 -ffp-contract=off -Iinclude -c src/core/quantize_host.cpp -o q.o
 //   g++ -std=c++20 -O2 -Iinclude -c src/reference/reference.cpp -o r.o
-//   nvcc -arch=sm_90a a.o t.o q.o r.o -o mma_standalone
+//   nvcc -arch=sm_90a attention_mma*.o t.o q.o r.o -o mma_standalone
 //   ./mma_standalone [acc] [bench] [quick] [one]   (acc and bench when no argument; quick: a few
 //   small cases for compute-sanitizer; one: the headline shape once, for ncu)
 #include <cuda_runtime.h>
