@@ -10,6 +10,7 @@
 # build, QSDPA_GPU_BUILD, default build-gpu); `bench` writes OUTDIR/tune.jsonl
 # (one bench record per shape, variant and round, with keys "variant" and "round" added) and
 # appends to OUTDIR/tune.log, ending with the median time of each shape and variant.
+# QSDPA_GPU_TUNE_EXTRA='flags;flags' adds custom shapes (e.g. '--B 8 --N 32768 --paged 64').
 set -uo pipefail
 mode="${1:?usage: scripts/gpu_tune.sh build|bench OUTDIR [ROUNDS] VARIANT... [-- bench flags]}"
 out="${2:?OUTDIR}"
@@ -58,6 +59,19 @@ for line in sys.stdin:
     if not line: continue
     r=json.loads(line); r["variant"]=sys.argv[1]; r["round"]=int(sys.argv[2]); print(json.dumps(r))' "$name" "$r" \
         >>"$out/tune.jsonl"
+    # further shapes (QSDPA_GPU_TUNE_EXTRA: bench flag sets separated by ';'), once per round
+    IFS=';' read -r -a extra <<<"${QSDPA_GPU_TUNE_EXTRA:-}"
+    for fl in "${extra[@]}"; do
+      [ -n "${fl// /}" ] || continue
+      # shellcheck disable=SC2086
+      "$cli" bench --backend cuda --no-torch --jsonl $fl 2>>"$log" |
+        python3 -c 'import json,sys
+for line in sys.stdin:
+    line=line.strip()
+    if not line: continue
+    r=json.loads(line); r["variant"]=sys.argv[1]; r["round"]=int(sys.argv[2]); print(json.dumps(r))' "$name" "$r" \
+          >>"$out/tune.jsonl"
+    done
     echo "round $r variant $name: done" >>"$log"
   done
 done

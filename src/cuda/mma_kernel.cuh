@@ -28,15 +28,35 @@ constexpr float kTau = 8.0f;                     // lazy-rescale margin (log2 un
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 // Blocks per multiprocessor the register allocation must allow (__launch_bounds__): one n-tile of
-// query rows with D <= 128, and the wider instantiations (D = 256 or two n-tiles). Build-time
-// knobs for tuning runs (-DQSDPA_MMA_MIN_BLOCKS=...); the defaults are the measured best.
+// query rows with D <= 128 (dense caches, other layouts), and the wider instantiations (D = 256 or
+// two n-tiles). Build-time knobs for tuning runs (-DQSDPA_MMA_MIN_BLOCKS=...); the defaults are
+// the measured best (H200, 2026-12-01: 4 rather than 3 for dense caches, 126 registers and no
+// spills: B=32 N=4096 4-bit 64.9 -> 57.5 us, headline 102.7 -> 101.2 us; the layout kernel spills
+// at 4).
 #ifndef QSDPA_MMA_MIN_BLOCKS
-#define QSDPA_MMA_MIN_BLOCKS 3
+#define QSDPA_MMA_MIN_BLOCKS 4
+#endif
+#ifndef QSDPA_MMA_MIN_BLOCKS_LAYOUT
+#define QSDPA_MMA_MIN_BLOCKS_LAYOUT 3
 #endif
 #ifndef QSDPA_MMA_MIN_BLOCKS_WIDE
 #define QSDPA_MMA_MIN_BLOCKS_WIDE 2
 #endif
 constexpr int kMinBlocks = QSDPA_MMA_MIN_BLOCKS;
+constexpr int kMinBlocksLayout = QSDPA_MMA_MIN_BLOCKS_LAYOUT;  // the same, strided / paged caches
+// The group size is a runtime value, so that group ends fall at runtime positions of the unrolled
+// loops over 32-dim blocks. kFoldEveryBlock: the key logits fold the group scale in at the end of
+// every block (more multiply-adds, no branch between the mma of different blocks); else only at
+// group ends, behind a branch. kPredicatedScales: the value scale / bias pairs of a new group are
+// read by predicated loads rather than behind a branch. Build-time knobs for tuning runs.
+#ifndef QSDPA_MMA_FOLD_EVERY_BLOCK
+#define QSDPA_MMA_FOLD_EVERY_BLOCK 0
+#endif
+#ifndef QSDPA_MMA_PREDICATED_SCALES
+#define QSDPA_MMA_PREDICATED_SCALES 0
+#endif
+constexpr bool kFoldEveryBlock = QSDPA_MMA_FOLD_EVERY_BLOCK != 0;
+constexpr bool kPredicatedScales = QSDPA_MMA_PREDICATED_SCALES != 0;
 constexpr int kMinBlocksWide = QSDPA_MMA_MIN_BLOCKS_WIDE;
 
 template <class T, int BITS, int D, int NT, bool KDEN, int STAGES>
@@ -73,6 +93,16 @@ __device__ __forceinline__ uint32_t lds16(uint32_t addr) {
   asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(addr));
   return v;
 }
+// Two 16-bit shared loads packed into one word (a0 low), done only when p holds; else `old`.
+__device__ __forceinline__ uint32_t lds16x2_if(uint32_t a0, uint32_t a1, bool p, uint32_t old) {
+  uint32_t v = old;
+  asm volatile(
+      "{\n .reg .pred q;\n .reg .b16 lo, hi;\n setp.ne.b32 q, %3, 0;\n @q ld.shared.u16 lo, [%1];\n"
+      " @q ld.shared.u16 hi, [%2];\n @q mov.b32 %0, {lo, hi};\n}\n"
+      : "+r"(v)
+      : "r"(a0), "r"(a1), "r"(int(p)));
+  return v;
+}
 __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
   uint32_t v;
   asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
@@ -84,7 +114,7 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
 // [B, Hkv, N] and the row arithmetic of the other layouts is compiled out (it costs the dense
 // kernel registers and issue slots in its copy path).
 template <class T, int BITS, int D, int NT, bool KDEN, int STAGES, bool LAYOUT>
-__global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlocksWide : kMinBlocks) attention_kernel(const AttnArgs a) {
+__global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlocksWide : LAYOUT ? kMinBlocksLayout : kMinBlocks) attention_kernel(const AttnArgs a) {
   using S = Shape<T, BITS, D, NT, KDEN, STAGES>;
   using F = typename S::F;
   using Y = Ty<T>;
@@ -469,7 +499,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
           }
           if (F::block_end(ch)) {
             const int blk = F::block_of(ch);
-            if (((blk + 1) & bpg_mask) == 0) {  // end of a quantization group: fold its scale in
+            if (kFoldEveryBlock || ((blk + 1) & bpg_mask) == 0) {  // fold the group's scale in
               const uint32_t gb = smt + uint32_t((blk >> lbpg) * 2);
               const float s0 = Y::to_f32(uint16_t(lds16(gb + rb_g)));
               const float s8 = Y::to_f32(uint16_t(lds16(gb + rb_g8)));
@@ -593,7 +623,14 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
           const int ch = 2 * u + hc;
           if (F::block_start(ch)) {
             const int blk = F::block_of(ch);
-            if (blk == 0 || (blk & bpg_mask) == 0) {  // a new group: its scale and bias pairs
+            const bool fresh = blk == 0 || (blk & bpg_mask) == 0;  // a new group: its scales, biases
+            if (kPredicatedScales && blk > 0) {
+              const uint32_t go = prow + uint32_t((blk >> lbpg) * 2);
+              s01 = lds16x2_if(svs + go, svs + go + pstep, fresh, s01);
+              z01 = lds16x2_if(svz + go, svz + go + pstep, fresh, z01);
+              s89 = lds16x2_if(svs + go + p8, svs + go + p8 + pstep, fresh, s89);
+              z89 = lds16x2_if(svz + go + p8, svz + go + p8 + pstep, fresh, z89);
+            } else if (fresh) {
               const uint32_t go = prow + uint32_t((blk >> lbpg) * 2);
               s01 = lds16(svs + go) | (lds16(svs + go + pstep) << 16);
               z01 = lds16(svz + go) | (lds16(svz + go + pstep) << 16);
