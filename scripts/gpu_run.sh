@@ -112,7 +112,7 @@ if command -v compute-sanitizer >/dev/null && [ -x "$bin" ]; then
     t0=$(elapsed)
     echo "===== memcheck serving =====" >>"$san"
     timeout "$(limit 60 30)" compute-sanitizer --tool memcheck --error-exitcode 17 "$sbin" \
-      --gtest_filter='Cases/CudaServingMma.TensorCoreLayouts/10:Cases/CudaServingMma.TensorCoreLayouts/13:Cases/CudaServing.HostCases/20:Cases/CudaServing.HostCases/23:CudaAppend.*:CudaDecodeLoop.*' \
+      --gtest_filter='Cases/CudaServingMma.TensorCoreLayouts/10:Cases/CudaServingMma.TensorCoreLayouts/13:Cases/CudaServingMma.TensorCoreLayouts/17:Cases/CudaServingMma.TensorCoreLayouts/19:Cases/CudaServing.HostCases/20:Cases/CudaServing.HostCases/23:CudaAppend.*:CudaDecodeLoop.*' \
       >>"$san" 2>&1
     say "compute-sanitizer memcheck (serving): rc $? in $(($(elapsed) - t0)) s," \
       "$(grep -E 'ERROR SUMMARY' "$san" | tail -1)"
@@ -151,6 +151,7 @@ if [ "${QSDPA_GPU_SERVING:-0}" = 1 ] && [ -x "$cli" ]; then
     "$cli" bench --backend cuda --no-torch --jsonl --B 1 --N 100000
     "$cli" bench --backend cuda --no-torch --jsonl --kv-lens 1,17,100000 --paged 64
     "$cli" bench --backend cuda --no-torch --jsonl --B 8 --N 32768 --k-bits 8 --v-bits 4
+    "$cli" bench --backend cuda --no-torch --jsonl --B 8 --N 32768 --k-bits 8 --v-bits 4 --paged 64
   } >"$out/serving.jsonl" 2>"$out/serving.log"
   say "serving bench: rc $? in $(($(elapsed) - t0)) s"
   t0=$(elapsed)

@@ -48,12 +48,15 @@ bool use_dense(const AttnArgs& a) {
 #endif
 }
 
+// 8-bit keys with 4-bit values (the common mixed request: keys are the more sensitive).
+bool mixed(const AttnArgs& a) { return a.k_bits == 8 && a.v_bits == 4; }
+
 }  // namespace
 
 bool mma_supports(const AttnArgs& a) {
   if (a.dtype != kF16 && a.dtype != kBF16) return false;
-  if (a.k_bits != a.v_bits || a.k_group != a.v_group) return false;
-  if (a.k_bits != 4 && a.k_bits != 8) return false;
+  if (a.k_group != a.v_group) return false;
+  if (!(a.k_bits == a.v_bits && (a.k_bits == 4 || a.k_bits == 8)) && !mixed(a)) return false;
   if (a.k_group != 32 && a.k_group != 64 && a.k_group != 128) return false;
   if (a.D != 64 && a.D != 128 && a.D != 256) return false;
   if (a.D % a.k_group != 0) return false;
@@ -74,7 +77,9 @@ int64_t mma_row_tiles(const AttnArgs& a) {
 
 int mma_blocks_per_sm(const AttnArgs& a) {
   if (!mma_supports(a)) return 1;
-  const int n = use_dense(a) ? mmad::resident_all<false>(a) : mmad::resident_all<true>(a);
+  const bool d = use_dense(a);
+  const int n = mixed(a) ? (d ? mmad::resident_mixed<false>(a) : mmad::resident_mixed<true>(a))
+                         : (d ? mmad::resident_all<false>(a) : mmad::resident_all<true>(a));
   return n > 0 ? n : 1;
 }
 
@@ -82,7 +87,9 @@ cudaError_t mma_launch(const AttnArgs& a, cudaStream_t s) {
   if (!mma_supports(a) || a.chunk <= 0 || a.chunk % mmak::kBlockTokens != 0 || a.num_splits > 65535)
     return cudaErrorInvalidValue;
   if (a.num_splits <= 0 || a.B * a.Hkv == 0) return cudaSuccess;
-  return use_dense(a) ? mmad::launch_all<false>(a, s) : mmad::launch_all<true>(a, s);
+  const bool d = use_dense(a);
+  if (mixed(a)) return d ? mmad::launch_mixed<false>(a, s) : mmad::launch_mixed<true>(a, s);
+  return d ? mmad::launch_all<false>(a, s) : mmad::launch_all<true>(a, s);
 }
 
 }  // namespace qsdpa::cuda

@@ -9,8 +9,8 @@
 
 namespace qsdpa::cuda {
 
-// True when the tensor-core kernel handles the problem: T f16 or bf16; K and V with the same
-// format, bits 4 or 8, group 32, 64 or 128; D 64, 128 or 256; at most 64 query rows per KV head
+// True when the tensor-core kernel handles the problem: T f16 or bf16; K and V with one group size
+// (32, 64 or 128) and bits 4 or 8 for both, or 8-bit keys with 4-bit values; D 64, 128 or 256; at most 64 query rows per KV head
 // (rep * Lq; each block takes 16 rows, 8 for D = 256, and every further row tile is another block
 // that reads the cache again); the packed words, scales and biases 16-byte aligned. Masks,
 // windows and sinks are all supported.

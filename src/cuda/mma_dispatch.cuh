@@ -1,7 +1,8 @@
 // The one switch from runtime values (T, bits, D, query rows) to the compiled instantiations of
 // the tensor-core kernel (mma_kernel.cuh), for the dense [B, Hkv, N] caches (LAYOUT = false,
-// attention_mma_dense.cu) and for strided and paged ones (LAYOUT = true, attention_mma_layout.cu):
-// two translation units, so that a parallel build compiles the two halves side by side.
+// attention_mma_dense.cu) and for strided and paged ones (LAYOUT = true, attention_mma_layout.cu),
+// and 8-bit keys with 4-bit values for both (attention_mma_mixed.cu): translation units that a
+// parallel build compiles side by side.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -34,16 +35,25 @@ inline int n_tiles(const AttnArgs& a) {
 #endif
 }
 
-// Launches the instantiation for `a` (which mma_supports() accepted).
+// Launches the instantiation for `a` (which mma_supports() accepted): keys and values of one bit
+// width (launch_all), or 8-bit keys with 4-bit values (launch_mixed, attention_mma_mixed.cu).
 template <bool LAYOUT>
 cudaError_t launch_all(const AttnArgs& a, cudaStream_t s);
+template <bool LAYOUT>
+cudaError_t launch_mixed(const AttnArgs& a, cudaStream_t s);
 // Blocks of that instantiation that fit on one multiprocessor (cached per device).
 template <bool LAYOUT>
 int resident_all(const AttnArgs& a);
+template <bool LAYOUT>
+int resident_mixed(const AttnArgs& a);
 
 extern template cudaError_t launch_all<false>(const AttnArgs&, cudaStream_t);
 extern template cudaError_t launch_all<true>(const AttnArgs&, cudaStream_t);
 extern template int resident_all<false>(const AttnArgs&);
 extern template int resident_all<true>(const AttnArgs&);
+extern template cudaError_t launch_mixed<false>(const AttnArgs&, cudaStream_t);
+extern template cudaError_t launch_mixed<true>(const AttnArgs&, cudaStream_t);
+extern template int resident_mixed<false>(const AttnArgs&);
+extern template int resident_mixed<true>(const AttnArgs&);
 
 }  // namespace qsdpa::cuda::mmad

@@ -14,18 +14,18 @@
 namespace qsdpa::cuda::mmad {
 namespace impl {
 
-template <class T, int BITS, int D, bool LAYOUT>
+template <class T, int BITS, int VBITS, int D, bool LAYOUT>
 cudaError_t launch_d(const AttnArgs& a, cudaStream_t s) {
   if constexpr (D <= 128) {
-    if (n_tiles(a) == 2) return mmak::launch<T, BITS, D, 2, kKeyDenorm, kStages, LAYOUT>(a, s);
+    if (n_tiles(a) == 2) return mmak::launch<T, BITS, VBITS, D, 2, kKeyDenorm, kStages, LAYOUT>(a, s);
   }
-  return mmak::launch<T, BITS, D, 1, kKeyDenorm, kStages, LAYOUT>(a, s);
+  return mmak::launch<T, BITS, VBITS, D, 1, kKeyDenorm, kStages, LAYOUT>(a, s);
 }
 
 // Blocks of one instantiation that fit on one multiprocessor, queried once per device.
-template <class T, int BITS, int D, int NT, bool LAYOUT>
+template <class T, int BITS, int VBITS, int D, int NT, bool LAYOUT>
 int resident() {
-  using S = mmak::Shape<T, BITS, D, NT, kKeyDenorm, kStages>;
+  using S = mmak::Shape<T, BITS, VBITS, D, NT, kKeyDenorm, kStages>;
   static std::mutex mu;
   static std::map<int, int> cache;  // device -> blocks per SM
   int dev = 0;
@@ -35,7 +35,7 @@ int resident() {
   }
   std::lock_guard<std::mutex> lock(mu);
   if (auto it = cache.find(dev); it != cache.end()) return it->second;
-  auto* kern = mmak::attention_kernel<T, BITS, D, NT, kKeyDenorm, kStages, LAYOUT>;
+  auto* kern = mmak::attention_kernel<T, BITS, VBITS, D, NT, kKeyDenorm, kStages, LAYOUT>;
   int n = 0;
   if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem) != cudaSuccess ||
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, mmak::kWarps * 32, S::kSmem) != cudaSuccess) {
@@ -47,44 +47,59 @@ int resident() {
   return n;
 }
 
-template <class T, int BITS, bool LAYOUT>
+template <class T, int BITS, int VBITS, bool LAYOUT>
 int resident_bits(const AttnArgs& a) {
   const bool two = n_tiles(a) == 2;
   switch (a.D) {
-    case 64: return two ? resident<T, BITS, 64, 2, LAYOUT>() : resident<T, BITS, 64, 1, LAYOUT>();
-    case 128: return two ? resident<T, BITS, 128, 2, LAYOUT>() : resident<T, BITS, 128, 1, LAYOUT>();
-    default: return resident<T, BITS, 256, 1, LAYOUT>();
+    case 64: return two ? resident<T, BITS, VBITS, 64, 2, LAYOUT>() : resident<T, BITS, VBITS, 64, 1, LAYOUT>();
+    case 128:
+      return two ? resident<T, BITS, VBITS, 128, 2, LAYOUT>() : resident<T, BITS, VBITS, 128, 1, LAYOUT>();
+    default: return resident<T, BITS, VBITS, 256, 1, LAYOUT>();
   }
 }
 
-template <class T, int BITS, bool LAYOUT>
+template <class T, int BITS, int VBITS, bool LAYOUT>
 cudaError_t launch_bits(const AttnArgs& a, cudaStream_t s) {
   switch (a.D) {
-    case 64: return launch_d<T, BITS, 64, LAYOUT>(a, s);
-    case 128: return launch_d<T, BITS, 128, LAYOUT>(a, s);
-    case 256: return launch_d<T, BITS, 256, LAYOUT>(a, s);
+    case 64: return launch_d<T, BITS, VBITS, 64, LAYOUT>(a, s);
+    case 128: return launch_d<T, BITS, VBITS, 128, LAYOUT>(a, s);
+    case 256: return launch_d<T, BITS, VBITS, 256, LAYOUT>(a, s);
     default: return cudaErrorInvalidValue;
   }
 }
 
-template <class T, bool LAYOUT>
-cudaError_t launch_t(const AttnArgs& a, cudaStream_t s) {
-  return a.k_bits == 4 ? launch_bits<T, 4, LAYOUT>(a, s) : launch_bits<T, 8, LAYOUT>(a, s);
-}
-
 }  // namespace impl
 
+// Keys and values of one bit width (4 or 8).
 template <bool LAYOUT>
 cudaError_t launch_all(const AttnArgs& a, cudaStream_t s) {
-  return a.dtype == kF16 ? impl::launch_t<__half, LAYOUT>(a, s) : impl::launch_t<__nv_bfloat16, LAYOUT>(a, s);
+  const bool b4 = a.k_bits == 4;
+  if (a.dtype == kF16)
+    return b4 ? impl::launch_bits<__half, 4, 4, LAYOUT>(a, s) : impl::launch_bits<__half, 8, 8, LAYOUT>(a, s);
+  return b4 ? impl::launch_bits<__nv_bfloat16, 4, 4, LAYOUT>(a, s)
+            : impl::launch_bits<__nv_bfloat16, 8, 8, LAYOUT>(a, s);
 }
 
 template <bool LAYOUT>
 int resident_all(const AttnArgs& a) {
-  const bool f16 = a.dtype == kF16, b4 = a.k_bits == 4;
-  return f16 ? (b4 ? impl::resident_bits<__half, 4, LAYOUT>(a) : impl::resident_bits<__half, 8, LAYOUT>(a))
-             : (b4 ? impl::resident_bits<__nv_bfloat16, 4, LAYOUT>(a)
-                   : impl::resident_bits<__nv_bfloat16, 8, LAYOUT>(a));
+  const bool b4 = a.k_bits == 4;
+  if (a.dtype == kF16)
+    return b4 ? impl::resident_bits<__half, 4, 4, LAYOUT>(a) : impl::resident_bits<__half, 8, 8, LAYOUT>(a);
+  return b4 ? impl::resident_bits<__nv_bfloat16, 4, 4, LAYOUT>(a)
+            : impl::resident_bits<__nv_bfloat16, 8, 8, LAYOUT>(a);
+}
+
+// 8-bit keys with 4-bit values.
+template <bool LAYOUT>
+cudaError_t launch_mixed(const AttnArgs& a, cudaStream_t s) {
+  return a.dtype == kF16 ? impl::launch_bits<__half, 8, 4, LAYOUT>(a, s)
+                         : impl::launch_bits<__nv_bfloat16, 8, 4, LAYOUT>(a, s);
+}
+
+template <bool LAYOUT>
+int resident_mixed(const AttnArgs& a) {
+  return a.dtype == kF16 ? impl::resident_bits<__half, 8, 4, LAYOUT>(a)
+                         : impl::resident_bits<__nv_bfloat16, 8, 4, LAYOUT>(a);
 }
 
 }  // namespace qsdpa::cuda::mmad

@@ -1,4 +1,5 @@
-// The tensor-core attention kernel (f16 / bf16, 4- and 8-bit MLX caches): one block of 4 warps per
+// The tensor-core attention kernel (f16 / bf16, 4- and 8-bit MLX caches; keys and values of one bit
+// width, or 8-bit keys with 4-bit values, of one group size): one block of 4 warps per
 // (b * Hkv, split, query-row tile). Each warp streams its own 32-token tiles (interleaved with the
 // other warps') through a private cp.async ring, computes the logits of all query rows of the
 // GQA group with mma (tokens on M, rows on N), keeps its own online softmax, accumulates Oᵀ with
@@ -59,11 +60,15 @@ constexpr bool kFoldEveryBlock = QSDPA_MMA_FOLD_EVERY_BLOCK != 0;
 constexpr bool kPredicatedScales = QSDPA_MMA_PREDICATED_SCALES != 0;
 constexpr int kMinBlocksWide = QSDPA_MMA_MIN_BLOCKS_WIDE;
 
-template <class T, int BITS, int D, int NT, bool KDEN, int STAGES>
+// Keys of BITS bits, values of VBITS bits (the same group size).
+template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES>
 struct Shape {
-  using F = Fmt<T, BITS, KDEN>;
-  static constexpr int kRB = D * BITS / 8;  // bytes of one packed row
-  static constexpr int kC = kRB / 16;       // 16-byte pieces per row
+  using F = Fmt<T, BITS, KDEN>;    // keys
+  using FV = Fmt<T, VBITS, KDEN>;  // values
+  static constexpr int kRB = D * BITS / 8;    // bytes of one packed key row
+  static constexpr int kC = kRB / 16;         // 16-byte pieces per key row
+  static constexpr int kRBV = D * VBITS / 8;  // the same for a value row
+  static constexpr int kCV = kRBV / 16;
   static constexpr int kKS = D / 16;        // k-steps of Q·Kᵀ = d-tiles of Oᵀ
   static constexpr int kRT = 8 * NT;        // query rows per block
   static constexpr int kMT = kTileTokens / 16;
@@ -72,20 +77,23 @@ struct Shape {
   static constexpr int kNA = F::kOffsets ? 2 : 1;  // correction slots: biases (+ scales x offset)
   static constexpr int kNZ = (kNA * kNGP + 7) / 8;  // mma for the per-group corrections
   static constexpr int kSCB = (kTileTokens * kNGMax * 2 + 15) / 16 * 16 + 16;  // one scale array
-  static constexpr int kStage = 2 * kTileTokens * kRB + 4 * kSCB;
+  static constexpr int kStage = kTileTokens * (kRB + kRBV) + 4 * kSCB;
   static constexpr int kPipe = kWarps * STAGES * kStage;
   static constexpr int kMerge = kWarps * kRT * (D + 2) * 4;
   static constexpr int kMain = kPipe > kMerge ? kPipe : kMerge;
   static constexpr int kQ = kRT * D * 4 + 2 * kRT * kNGMax * 4 + kRT * 4 + 2 * kRT * 8;
   static constexpr int kSmem = kMain + kQ;
   static_assert(kC >= 2 && (kC & (kC - 1)) == 0, "row pieces: a power of two, at least 2");
+  static_assert(kCV >= 2 && (kCV & (kCV - 1)) == 0, "row pieces: a power of two, at least 2");
   static_assert(kStage % 16 == 0, "stages stay 16-byte aligned");
 
-  // Swizzle of the 16-byte pieces of a row: the 8 rows one ldmatrix phase reads (8 consecutive
-  // tokens, same piece) land in 8 different bank groups. Invariant under token += 16.
-  __host__ __device__ static constexpr int swz(int t) {
-    return kC >= 8 ? (t & 7) : kC == 4 ? ((t >> 1) & 3) : ((t >> 2) & 1);
+  // Swizzle of the 16-byte pieces of a row of C pieces: the 8 rows one ldmatrix phase reads (8
+  // consecutive tokens, same piece) land in 8 different bank groups. Invariant under token += 16.
+  __host__ __device__ static constexpr int swz_of(int C, int t) {
+    return C >= 8 ? (t & 7) : C == 4 ? ((t >> 1) & 3) : ((t >> 2) & 1);
   }
+  __host__ __device__ static constexpr int swz(int t) { return swz_of(kC, t); }   // key rows
+  __host__ __device__ static constexpr int swzv(int t) { return swz_of(kCV, t); }  // value rows
 };
 
 __device__ __forceinline__ uint32_t lds16(uint32_t addr) {
@@ -113,12 +121,14 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
 // caches may be strided or paged (mma_supports' layouts); without it they are the dense
 // [B, Hkv, N] and the row arithmetic of the other layouts is compiled out (it costs the dense
 // kernel registers and issue slots in its copy path).
-template <class T, int BITS, int D, int NT, bool KDEN, int STAGES, bool LAYOUT>
+template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, bool LAYOUT>
 __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlocksWide : LAYOUT ? kMinBlocksLayout : kMinBlocks) attention_kernel(const AttnArgs a) {
-  using S = Shape<T, BITS, D, NT, KDEN, STAGES>;
+  using S = Shape<T, BITS, VBITS, D, NT, KDEN, STAGES>;
   using F = typename S::F;
+  using FV = typename S::FV;
   using Y = Ty<T>;
   constexpr int kRB = S::kRB, kC = S::kC, kKS = S::kKS, kRT = S::kRT, kMT = S::kMT;
+  constexpr int kRBV = S::kRBV, kCV = S::kCV;
   constexpr int kTW = kTileTokens, kSCB = S::kSCB, kNZ = S::kNZ, kNGP = S::kNGP, kNGMax = S::kNGMax;
   extern __shared__ __align__(16) uint8_t smem[];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -166,7 +176,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
   const int64_t my_tiles = ntiles > warp ? (ntiles - warp + kWarps - 1) / kWarps : 0;
 
   // ---- the warp's copy ring -------------------------------------------------------------------
-  // A tile is kTW consecutive rows: kTW * kRB contiguous bytes of K (and of V), and for each of
+  // A tile is kTW consecutive rows: kTW * kRB contiguous bytes of K (kTW * kRBV of V), and for each of
   // the 4 scale / bias tensors kTW * ng * 2 contiguous bytes, copied as the 16-byte-aligned span
   // around them (the offset soff of the tile inside that span is the same for every tile of the
   // block, since tiles advance by multiples of 16 bytes).
@@ -182,7 +192,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
   const int64_t vrow_first = dense ? krow_first : in ? a.vmap.row(b, kvh, t_first) : 0;
   // lane's first piece of the warp's first tile (piece i = lane + 32 k sits at byte 16 i)
   const uint8_t* gk = reinterpret_cast<const uint8_t*>(a.k_packed) + krow_first * kRB + lane * 16;
-  const uint8_t* gv = reinterpret_cast<const uint8_t*>(a.v_packed) + vrow_first * kRB + lane * 16;
+  const uint8_t* gv = reinterpret_cast<const uint8_t*>(a.v_packed) + vrow_first * kRBV + lane * 16;
   const int sc_lane_arr = lane >> 3, sc_lane_k = lane & 7;  // this lane copies scale tensor lane/8
   const int64_t o_first = (sc_lane_arr < 2 ? krow_first : vrow_first) * ng * 2;
   const int soff = int(o_first & 15);
@@ -192,11 +202,16 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
                                                                       : a.v_biases) +
                        (o_first - soff) + sc_lane_k * 16;
   const int nch = (soff + kTW * ng * 2 + 15) >> 4;  // 16-byte pieces of a full tile's span
-  uint32_t so[kC];                                  // swizzled destinations of the lane's pieces
+  uint32_t so[kC], sov[kCV];                        // swizzled destinations of the lane's pieces
 #pragma unroll
   for (int k = 0; k < kC; ++k) {
     const int i = lane + 32 * k;
     so[k] = uint32_t((i ^ S::swz(i / kC)) << 4);
+  }
+#pragma unroll
+  for (int k = 0; k < kCV; ++k) {
+    const int i = lane + 32 * k;
+    sov[k] = uint32_t((i ^ S::swzv(i / kCV)) << 4);
   }
 
   // A paged cache whose K and V share one layout: the page of the warp's next tile is read at the
@@ -209,7 +224,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
   int next_page2 = half && t_first + 16 < te ? bt_b[(t_first >> a.kmap.page_shift) + 1] : 0;
   auto issue = [&](int64_t it, int stage) {
     const int64_t left = te - (t_first + it * tile_step);
-    const uint32_t sk = wring + uint32_t(stage * S::kStage), sv = sk + kTW * kRB, ss = sv + kTW * kRB;
+    const uint32_t sk = wring + uint32_t(stage * S::kStage), sv = sk + kTW * kRB, ss = sv + kTW * kRBV;
     // rows from the first tile to this one (K and V in one layout: one lookup)
     int64_t dk = it * tile_step, dv = dk, d2 = 0;  // d2: rows the second half moves (16-token pages)
     if (LAYOUT && pf) {
@@ -229,7 +244,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
       dv = a.same_layout ? dk : a.vmap.row(b, kvh, t) - vrow_first;
     }
     const uint8_t* pk = gk + dk * kRB;
-    const uint8_t* pv = gv + dv * kRB;
+    const uint8_t* pv = gv + dv * kRBV;
     const int vlen = soff + int(left < kTW ? left : kTW) * ng * 2;  // valid bytes of the span
     const uint8_t* ps = gsc + (sc_lane_arr < 2 ? dk : dv) * ng * 2;
     const uint32_t sd = ss + uint32_t(sc_lane_arr * kSCB + sc_lane_k * 16);
@@ -240,7 +255,12 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
         const bool in = (lane + 32 * k) / kC < left;
         const int64_t o = 512 * k + (k >= kC / 2 ? d2 * kRB : 0);
         cp_async16(sk + so[k], in ? pk + o : static_cast<const void*>(a.k_packed), in ? 16 : 0);
-        cp_async16(sv + so[k], in ? pv + o : static_cast<const void*>(a.v_packed), in ? 16 : 0);
+      }
+#pragma unroll
+      for (int k = 0; k < kCV; ++k) {
+        const bool in = (lane + 32 * k) / kCV < left;
+        const int64_t o = 512 * k + (k >= kCV / 2 ? d2 * kRBV : 0);
+        cp_async16(sv + sov[k], in ? pv + o : static_cast<const void*>(a.v_packed), in ? 16 : 0);
       }
       for (int k = sc_lane_k, j = 0; k < nch; k += 8, ++j) {
         const int rest = vlen - 16 * k, n = rest <= 0 ? 0 : rest >= 16 ? 16 : rest;
@@ -250,16 +270,19 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
     }
     if (left >= kTW) {
 #pragma unroll
-      for (int k = 0; k < kC; ++k) {
-        cp_async16(sk + so[k], pk + 512 * k, 16);
-        cp_async16(sv + so[k], pv + 512 * k, 16);
-      }
+      for (int k = 0; k < kC; ++k) cp_async16(sk + so[k], pk + 512 * k, 16);
+#pragma unroll
+      for (int k = 0; k < kCV; ++k) cp_async16(sv + sov[k], pv + 512 * k, 16);
     } else {  // the last, partial tile: rows past the end are zero-filled, never read
 #pragma unroll
       for (int k = 0; k < kC; ++k) {
         const bool in = (lane + 32 * k) / kC < left;  // (a copy of 0 bytes reads nothing)
         cp_async16(sk + so[k], in ? pk + 512 * k : static_cast<const void*>(a.k_packed), in ? 16 : 0);
-        cp_async16(sv + so[k], in ? pv + 512 * k : static_cast<const void*>(a.v_packed), in ? 16 : 0);
+      }
+#pragma unroll
+      for (int k = 0; k < kCV; ++k) {
+        const bool in = (lane + 32 * k) / kCV < left;
+        cp_async16(sv + sov[k], in ? pv + 512 * k : static_cast<const void*>(a.v_packed), in ? 16 : 0);
       }
     }
     for (int k = sc_lane_k, j = 0; k < nch; k += 8, ++j) {
@@ -416,12 +439,15 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
       for (int e = 0; e < 4; ++e) o[dt][nt][e] = 0.0f;
 
   // Per-lane ldmatrix row offsets: lane l addresses matrix l/8 (token half, piece parity), row l%8.
-  uint32_t ldo[kC / 2];
+  uint32_t ldo[kC / 2], ldov[kCV / 2];
   {
     const int mi = lane >> 3, tok = (mi & 1) * 8 + (lane & 7);
 #pragma unroll
     for (int u = 0; u < kC / 2; ++u)
       ldo[u] = uint32_t(tok * kRB + (((2 * u + (mi >> 1)) ^ S::swz(tok)) << 4));
+#pragma unroll
+    for (int u = 0; u < kCV / 2; ++u)
+      ldov[u] = uint32_t(tok * kRBV + (((2 * u + (mi >> 1)) ^ S::swzv(tok)) << 4));
   }
   const bool has_mask = a.bool_mask != nullptr || a.float_mask != nullptr;
   // The first position of the block's rows (-1 with padding rows: those take the per-element path).
@@ -449,7 +475,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
     cp_commit();
 
     const uint32_t sk = wring + uint32_t(stage * S::kStage), sv = sk + kTW * kRB;
-    const uint32_t sks = sv + kTW * kRB + uint32_t(soff);  // k scales of the tile's first token
+    const uint32_t sks = sv + kTW * kRBV + uint32_t(soff);  // k scales of the tile's first token
     const uint32_t svs = sks + 2 * kSCB, svz = sks + 3 * kSCB;
 
     // ---- logits: Σ_g s_g (q·k̃)_g + Σ_g (z_g Σq_g - s_g Σ mu q_g), per token and row ----------
@@ -615,14 +641,14 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
       const uint32_t prow = mt * rb_mt + rb_c2;  // tokens 2c (+1, +8, +9)
       const uint32_t pstep = rb_1, p8 = rb_8;
 #pragma unroll
-      for (int u = 0; u < kC / 2; ++u) {
+      for (int u = 0; u < kCV / 2; ++u) {
         uint32_t w[4];
-        ldsm_x4_t(sv + uint32_t(mt * 16 * kRB) + ldo[u], w);
+        ldsm_x4_t(sv + uint32_t(mt * 16 * kRBV) + ldov[u], w);
 #pragma unroll
         for (int hc = 0; hc < 2; ++hc) {
           const int ch = 2 * u + hc;
-          if (F::block_start(ch)) {
-            const int blk = F::block_of(ch);
+          if (FV::block_start(ch)) {
+            const int blk = FV::block_of(ch);
             const bool fresh = blk == 0 || (blk & bpg_mask) == 0;  // a new group: its scales, biases
             if (kPredicatedScales && blk > 0) {
               const uint32_t go = prow + uint32_t((blk >> lbpg) * 2);
@@ -639,12 +665,12 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
             }
           }
           uint32_t ul[4], uh[4];
-          F::vunpack(w[2 * hc], s01, z01, ul);
-          F::vunpack(w[2 * hc + 1], s89, z89, uh);
+          FV::vunpack(w[2 * hc], s01, z01, ul);
+          FV::vunpack(w[2 * hc + 1], s89, z89, uh);
 #pragma unroll
-          for (int t = 0; t < F::kVTiles; ++t) {
+          for (int t = 0; t < FV::kVTiles; ++t) {
             const uint32_t A[4] = {ul[2 * t], ul[2 * t + 1], uh[2 * t], uh[2 * t + 1]};
-            const int dt = ch * F::kVTiles + t;
+            const int dt = ch * FV::kVTiles + t;
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) Y::mma(o[dt][nt], A, pt[mt][nt][0], pt[mt][nt][1]);
           }
@@ -679,7 +705,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int lr = nt * 8 + 2 * c + (e & 1);
-        ow[(warp * kRT + lr) * D + F::vdim(dt, g + 8 * (e >> 1))] = o[dt][nt][e];
+        ow[(warp * kRT + lr) * D + FV::vdim(dt, g + 8 * (e >> 1))] = o[dt][nt][e];
       }
   __syncthreads();
   for (int idx = tid; idx < nrows * D; idx += kWarps * 32) {
@@ -708,10 +734,10 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
 }
 
 // Launches one instantiation: grid (B * Hkv * query-row tiles of 8 * NT, num_splits).
-template <class T, int BITS, int D, int NT, bool KDEN, int STAGES, bool LAYOUT>
+template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, bool LAYOUT>
 cudaError_t launch(const AttnArgs& a, cudaStream_t stream) {
-  using S = Shape<T, BITS, D, NT, KDEN, STAGES>;
-  auto* kern = attention_kernel<T, BITS, D, NT, KDEN, STAGES, LAYOUT>;
+  using S = Shape<T, BITS, VBITS, D, NT, KDEN, STAGES>;
+  auto* kern = attention_kernel<T, BITS, VBITS, D, NT, KDEN, STAGES, LAYOUT>;
   // The shared-memory opt-in, once per device (devices 0..63; others ask on every launch).
   static std::atomic<uint64_t> opted{0};
   int dev = 0;

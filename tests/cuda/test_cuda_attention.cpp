@@ -142,6 +142,40 @@ TEST(CudaAttention, BitsGroupsTypesProduct) {
       }
 }
 
+// 8-bit keys with 4-bit values (one group size) run on the tensor-core kernel: every head dim and
+// group it takes, one and two n-tiles of query rows, with masks, windows and sinks; each case is
+// checked to reach that kernel, then held to the reference (and the generic kernel with it).
+TEST(CudaAttention, MixedKeyValueBitsOnTensorCores) {
+  QSDPA_REQUIRE_CUDA();
+  uint64_t seed = 9000;
+  int n = 0;
+  for (DType t : {DType::f16, DType::bf16})
+    for (int D : {64, 128, 256})
+      for (int group : {32, 64, 128}) {
+        if (D % group) continue;
+        Case c;
+        c.dtype = t;
+        c.kf = {8, group};
+        c.vf = {4, group};
+        c.D = D;
+        c.B = 2, c.Hkv = 2;
+        c.Hq = (n % 3 == 0 ? 1 : n % 3 == 1 ? 4 : 8) * c.Hkv;  // 8 query rows: two n-tiles at D <= 128
+        c.Lq = n % 4 == 2 ? 3 : 1;
+        c.N = n % 2 ? 1000 : 77;
+        c.sinks = n % 3 == 1;
+        c.window = n % 5 == 4 ? 100 : 0;
+        if (n % 7 == 3) c.bool_mask = MaskKind::u8;
+        if (n % 7 == 5) c.float_mask = true;
+        c.seed = seed++;
+        ++n;
+        test::Problem h(c);
+        test::DeviceProblem d(h);
+        EXPECT_TRUE(cuda::uses_tensor_cores(d.params())) << c.str();
+        EXPECT_EQ(test::run_cuda_case(c), "") << c.str();
+      }
+  EXPECT_EQ(n, 16);
+}
+
 TEST_P(CudaSweep, PairwiseDesign) {
   QSDPA_REQUIRE_CUDA();
   const auto cases = sweep_cases();
