@@ -32,13 +32,13 @@ constexpr float kLn2 = 0.6931471805599453f;
 // query rows with D <= 128 (dense caches, other layouts), and the wider instantiations (D = 256 or
 // two n-tiles). Build-time knobs for tuning runs (-DQSDPA_MMA_MIN_BLOCKS=...); the defaults are
 // the measured best (H200, 2026-12-01: 4 rather than 3 for dense caches, 126 registers and no
-// spills: B=32 N=4096 4-bit 64.9 -> 57.5 us, headline 102.7 -> 101.2 us; the layout kernel spills
-// at 4).
+// spills: B=32 N=4096 4-bit 64.9 -> 57.5 us, headline 102.7 -> 101.2 us; 4 for the layout kernel
+// too, though it spills 16 bytes there: paged 64 4-bit 116.0 -> 114.3 us).
 #ifndef QSDPA_MMA_MIN_BLOCKS
 #define QSDPA_MMA_MIN_BLOCKS 4
 #endif
 #ifndef QSDPA_MMA_MIN_BLOCKS_LAYOUT
-#define QSDPA_MMA_MIN_BLOCKS_LAYOUT 3
+#define QSDPA_MMA_MIN_BLOCKS_LAYOUT 4
 #endif
 #ifndef QSDPA_MMA_MIN_BLOCKS_WIDE
 #define QSDPA_MMA_MIN_BLOCKS_WIDE 2
@@ -48,10 +48,12 @@ constexpr int kMinBlocksLayout = QSDPA_MMA_MIN_BLOCKS_LAYOUT;  // the same, stri
 // The group size is a runtime value, so that group ends fall at runtime positions of the unrolled
 // loops over 32-dim blocks. kFoldEveryBlock: the key logits fold the group scale in at the end of
 // every block (more multiply-adds, no branch between the mma of different blocks); else only at
-// group ends, behind a branch. kPredicatedScales: the value scale / bias pairs of a new group are
-// read by predicated loads rather than behind a branch. Build-time knobs for tuning runs.
+// group ends, behind a branch (measured on an H200, 2026-12-01, folding at every block: headline
+// 4-bit 101.0 -> 99.6 us, D=256 8-bit 66.3 -> 57.0 us, Lq=4 4-bit 141.4 -> 133.1 us, no shape
+// slower). kPredicatedScales: the value scale / bias pairs of a new group are read by predicated
+// loads rather than behind a branch (spills: not used). Build-time knobs for tuning runs.
 #ifndef QSDPA_MMA_FOLD_EVERY_BLOCK
-#define QSDPA_MMA_FOLD_EVERY_BLOCK 0
+#define QSDPA_MMA_FOLD_EVERY_BLOCK 1
 #endif
 #ifndef QSDPA_MMA_PREDICATED_SCALES
 #define QSDPA_MMA_PREDICATED_SCALES 0
