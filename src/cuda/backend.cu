@@ -36,7 +36,11 @@ using cuda::AttnArgs;
 
 // Split-K plan. Each split covers at least this many tokens (the tensor-core kernel: one 32-token
 // tile per warp; the generic kernel: a few of its shared-memory tiles) ...
-constexpr int64_t kMinSplitTokensMma = 128;
+// (-DQSDPA_MMA_MIN_SPLIT_TOKENS=...: a tuning knob.)
+#ifndef QSDPA_MMA_MIN_SPLIT_TOKENS
+#define QSDPA_MMA_MIN_SPLIT_TOKENS 128
+#endif
+constexpr int64_t kMinSplitTokensMma = QSDPA_MMA_MIN_SPLIT_TOKENS;
 constexpr int64_t kMinSplitTokensGeneric = 256;
 // ... and reads at least this many times the bytes of the partials it writes (rows * (D + 2)
 // floats), so that the partials stay small next to the cache.
