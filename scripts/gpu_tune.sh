@@ -46,31 +46,27 @@ done
 for p in "${pids[@]}"; do wait "$p"; done
 exit 0
 fi
+# JSON lines on stdin, with the keys "variant" ($1) and "round" ($2) added
+tag() {
+  python3 -c 'import json,sys
+for line in sys.stdin:
+    line=line.strip()
+    if not line: continue
+    r=json.loads(line); r["variant"]=sys.argv[1]; r["round"]=int(sys.argv[2]); print(json.dumps(r))' "$1" "$2"
+}
 for r in $(seq 1 "$rounds"); do
   for v in "${variants[@]}"; do
     name="${v%%=*}"
     cli="build-tune-$name/tools/qsdpa"
     [ "$name" = base ] && cli="${QSDPA_GPU_BUILD:-build-gpu}/tools/qsdpa"
     [ -x "$cli" ] || continue
-    "$cli" bench --backend cuda --no-torch --jsonl "${bench_flags[@]}" 2>>"$log" |
-      python3 -c 'import json,sys
-for line in sys.stdin:
-    line=line.strip()
-    if not line: continue
-    r=json.loads(line); r["variant"]=sys.argv[1]; r["round"]=int(sys.argv[2]); print(json.dumps(r))' "$name" "$r" \
-        >>"$out/tune.jsonl"
+    "$cli" bench --backend cuda --no-torch --jsonl "${bench_flags[@]}" 2>>"$log" | tag "$name" "$r" >>"$out/tune.jsonl"
     # further shapes (QSDPA_GPU_TUNE_EXTRA: bench flag sets separated by ';'), once per round
     IFS=';' read -r -a extra <<<"${QSDPA_GPU_TUNE_EXTRA:-}"
     for fl in "${extra[@]}"; do
       [ -n "${fl// /}" ] || continue
       # shellcheck disable=SC2086
-      "$cli" bench --backend cuda --no-torch --jsonl $fl 2>>"$log" |
-        python3 -c 'import json,sys
-for line in sys.stdin:
-    line=line.strip()
-    if not line: continue
-    r=json.loads(line); r["variant"]=sys.argv[1]; r["round"]=int(sys.argv[2]); print(json.dumps(r))' "$name" "$r" \
-          >>"$out/tune.jsonl"
+      "$cli" bench --backend cuda --no-torch --jsonl $fl 2>>"$log" | tag "$name" "$r" >>"$out/tune.jsonl"
     done
     echo "round $r variant $name: done" >>"$log"
   done
