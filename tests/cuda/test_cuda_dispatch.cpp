@@ -1,0 +1,66 @@
+// Which problems the CUDA backend gives to its tensor-core kernel (host logic only: these tests
+// run without a GPU too, so CI holds the dispatch rules). The GPU tests check that the kernel is
+// right on what it takes; these check that it takes what it should and nothing else.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+
+#include "../../src/cuda/testing.hpp"
+#include "qsdpa/qsdpa.hpp"
+
+using namespace qsdpa;
+
+namespace {
+
+// Never dereferenced: uses_tensor_cores() looks at shapes, formats, layouts and alignment only.
+alignas(16) uint8_t g_dummy[64];
+
+AttentionParams problem(DType t, int kbits, int vbits, int kgroup, int vgroup, int64_t D) {
+  AttentionParams p;
+  p.dtype = t;
+  p.B = 2, p.Hq = 8, p.Hkv = 2, p.Lq = 1, p.N = 4096, p.D = D;
+  const auto* w = reinterpret_cast<const uint32_t*>(g_dummy);
+  p.q = g_dummy, p.out = g_dummy;
+  p.k = {{kbits, kgroup}, w, g_dummy, g_dummy, {}};
+  p.v = {{vbits, vgroup}, w, g_dummy, g_dummy, {}};
+  return p;
+}
+
+std::string name(const AttentionParams& p) {
+  return std::string(to_string(p.dtype)) + " K" + std::to_string(p.k.format.bits) + "/g" +
+         std::to_string(p.k.format.group) + " V" + std::to_string(p.v.format.bits) + "/g" +
+         std::to_string(p.v.format.group) + " D=" + std::to_string(p.D);
+}
+
+}  // namespace
+
+TEST(CudaDispatch, TensorCoresTakeOneWidthOrEightBitKeysWithFourBitValues) {
+  for (DType t : {DType::f16, DType::bf16})
+    for (int64_t D : {64, 128, 256})
+      for (int g : {32, 64, 128}) {
+        if (D % g) continue;
+        for (auto [kb, vb] : {std::pair{4, 4}, std::pair{8, 8}, std::pair{8, 4}}) {
+          const AttentionParams p = problem(t, kb, vb, g, g, D);
+          EXPECT_TRUE(cuda::uses_tensor_cores(p)) << name(p);
+        }
+      }
+}
+
+TEST(CudaDispatch, GenericKernelTakesTheRest) {
+  // 4-bit keys with 8-bit values, 2-bit, different group sizes, f32, head dims it has no
+  // instantiation for: the generic kernel.
+  for (const AttentionParams& p :
+       {problem(DType::f16, 4, 8, 64, 64, 128), problem(DType::f16, 2, 2, 64, 64, 128),
+        problem(DType::bf16, 8, 4, 64, 32, 128), problem(DType::f16, 8, 4, 128, 64, 128),
+        problem(DType::f32, 4, 4, 64, 64, 128), problem(DType::f32, 8, 4, 64, 64, 128),
+        problem(DType::f16, 4, 4, 32, 32, 96), problem(DType::f16, 8, 4, 64, 64, 512)})
+    EXPECT_FALSE(cuda::uses_tensor_cores(p)) << name(p);
+}
+
+TEST(CudaDispatch, MisalignedCacheGoesToTheGenericKernel) {
+  AttentionParams p = problem(DType::f16, 8, 4, 64, 64, 128);
+  ASSERT_TRUE(cuda::uses_tensor_cores(p));
+  p.v.scales = g_dummy + 2;  // 2-byte aligned only
+  EXPECT_FALSE(cuda::uses_tensor_cores(p));
+}
