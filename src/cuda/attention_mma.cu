@@ -17,6 +17,9 @@ constexpr int64_t kMaxRows = 64;  // query rows per KV head (rep * Lq)
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
+// 8-bit keys with 4-bit values (the common mixed request: keys are the more sensitive).
+bool mixed(const AttnArgs& a) { return a.k_bits == 8 && a.v_bits == 4; }
+
 // Caches other than the dense [B, Hkv, N] the kernel reads tile by tile (mma_kernel.cuh):
 // consecutive tokens in consecutive rows, no tile across two pages (or, with 16-token pages and one
 // layout for K and V, exactly two), and strides that keep each
@@ -27,9 +30,10 @@ bool layout_ok(const AttnArgs& a) {
   for (const detail::RowMap* m : {&a.kmap, &a.vmap}) {
     if (m->token_stride != 1) return false;
     // pages of 16 tokens (half a warp tile): only with K and V in one layout (mma_kernel.cuh reads
-    // both halves' pages at once)
+    // both halves' pages at once), and not yet for 8-bit keys with 4-bit values (that copy path
+    // has not run on a GPU: the generic kernel takes them)
     if (m->block_table && (int64_t(1) << m->page_shift) < mmak::kTileTokens &&
-        !((int64_t(1) << m->page_shift) == mmak::kTileTokens / 2 && a.same_layout))
+        !((int64_t(1) << m->page_shift) == mmak::kTileTokens / 2 && a.same_layout && !mixed(a)))
       return false;
     for (int64_t st : {m->head_stride, m->block_table ? m->page_stride : m->batch_stride})
       if ((st * span) % 16 != 0) return false;
@@ -47,9 +51,6 @@ bool use_dense(const AttnArgs& a) {
   return a.dense;
 #endif
 }
-
-// 8-bit keys with 4-bit values (the common mixed request: keys are the more sensitive).
-bool mixed(const AttnArgs& a) { return a.k_bits == 8 && a.v_bits == 4; }
 
 }  // namespace
 
