@@ -1,5 +1,5 @@
-// Definitions of mma_dispatch.cuh's templates; included by the two translation units that
-// instantiate them (attention_mma_dense.cu, attention_mma_layout.cu).
+// Definitions of mma_dispatch.cuh's templates; included by the translation units that
+// instantiate them (attention_mma_dense.cu, attention_mma_layout.cu, attention_mma_mixed.cu).
 #pragma once
 
 #include <cuda_bf16.h>

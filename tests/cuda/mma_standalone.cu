@@ -5,7 +5,7 @@
 //
 // Build and run (from the repository root; the variants it times are listed in variant()):
 //   F="-std=c++20 -O3 -arch=sm_90a --expt-relaxed-constexpr -Iinclude -Isrc/cuda"
-//   for f in attention_mma attention_mma_dense attention_mma_layout; do nvcc $F -c src/cuda/$f.cu -o $f.o; done
+//   for f in attention_mma attention_mma_dense attention_mma_layout attention_mma_mixed; do nvcc $F -c src/cuda/$f.cu -o $f.o; done
 //   nvcc $F -c tests/cuda/mma_standalone.cu -o t.o
 //   g++ -std=c++20 -O2 -ffp-contract=off -Iinclude -c src/core/quantize_host.cpp -o q.o
 //   g++ -std=c++20 -O2 -Iinclude -c src/reference/reference.cpp -o r.o
@@ -89,11 +89,12 @@ LaunchFn variant(const std::string& name) {
   using namespace cuda::mmak;
   // key codes magic (mag) instead of subnormal; copy ring of 2 or 4 stages instead of 3 (the
   // library now runs 2 stages: attention_mma.cu, kStages)
-  if (name == "mag_f16_4_128_1") return launch<__half, 4, 128, 1, false, 3>;
-  if (name == "mag_f16_4_128_2") return launch<__half, 4, 128, 2, false, 3>;
-  if (name == "mag_f16_8_128_1") return launch<__half, 8, 128, 1, false, 3>;
-  if (name == "st2_f16_4_128_1") return launch<__half, 4, 128, 1, true, 2>;
-  if (name == "st4_f16_4_128_1") return launch<__half, 4, 128, 1, true, 4>;
+  // (dense caches: LAYOUT = false; keys and values of one width)
+  if (name == "mag_f16_4_128_1") return launch<__half, 4, 4, 128, 1, false, 3, false>;
+  if (name == "mag_f16_4_128_2") return launch<__half, 4, 4, 128, 2, false, 3, false>;
+  if (name == "mag_f16_8_128_1") return launch<__half, 8, 8, 128, 1, false, 3, false>;
+  if (name == "st2_f16_4_128_1") return launch<__half, 4, 4, 128, 1, true, 2, false>;
+  if (name == "st4_f16_4_128_1") return launch<__half, 4, 4, 128, 1, true, 4, false>;
   return nullptr;
 }
 

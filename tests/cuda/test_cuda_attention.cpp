@@ -159,7 +159,7 @@ TEST(CudaAttention, MixedKeyValueBitsOnTensorCores) {
         c.vf = {4, group};
         c.D = D;
         c.B = 2, c.Hkv = 2;
-        c.Hq = (n % 3 == 0 ? 1 : n % 3 == 1 ? 4 : 8) * c.Hkv;  // 8 query rows: two n-tiles at D <= 128
+        c.Hq = (n % 3 == 0 ? 1 : n % 3 == 1 ? 4 : 8) * c.Hkv;  // > 8 rows (8 x 3): two n-tiles, D <= 128
         c.Lq = n % 4 == 2 ? 3 : 1;
         c.N = n % 2 ? 1000 : 77;
         c.sinks = n % 3 == 1;
