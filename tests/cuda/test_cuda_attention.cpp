@@ -176,6 +176,29 @@ TEST(CudaAttention, MixedKeyValueBitsOnTensorCores) {
   EXPECT_EQ(n, 16);
 }
 
+// The same with two n-tiles of query rows (more than 8 rows per KV head) for every type and head
+// dim that has them, and row tiles beyond the first (24 rows: two blocks of 16).
+TEST(CudaAttention, MixedKeyValueBitsTwoNTiles) {
+  QSDPA_REQUIRE_CUDA();
+  uint64_t seed = 9100;
+  for (DType t : {DType::f16, DType::bf16})
+    for (int D : {64, 128})
+      for (int64_t lq : {2, 3}) {
+        Case c;
+        c.dtype = t;
+        c.kf = {8, 64};
+        c.vf = {4, 64};
+        c.D = D;
+        c.B = 2, c.Hkv = 1, c.Hq = 8, c.Lq = lq, c.N = 700;
+        c.sinks = lq == 3;
+        c.seed = seed++;
+        test::Problem h(c);
+        test::DeviceProblem d(h);
+        EXPECT_TRUE(cuda::uses_tensor_cores(d.params())) << c.str();
+        EXPECT_EQ(test::run_cuda_case(c), "") << c.str();
+      }
+}
+
 TEST_P(CudaSweep, PairwiseDesign) {
   QSDPA_REQUIRE_CUDA();
   const auto cases = sweep_cases();
