@@ -79,8 +79,8 @@ int64_t mma_row_tiles(const AttnArgs& a) {
 int mma_blocks_per_sm(const AttnArgs& a) {
   if (!mma_supports(a)) return 1;
   const bool d = use_dense(a);
-  const int n = mixed(a) ? (d ? mmad::resident_mixed<false>(a) : mmad::resident_mixed<true>(a))
-                         : (d ? mmad::resident_all<false>(a) : mmad::resident_all<true>(a));
+  const int n = mixed(a) ? (d ? mmad::resident<false, true>(a) : mmad::resident<true, true>(a))
+                         : (d ? mmad::resident<false, false>(a) : mmad::resident<true, false>(a));
   return n > 0 ? n : 1;
 }
 
@@ -89,8 +89,8 @@ cudaError_t mma_launch(const AttnArgs& a, cudaStream_t s) {
     return cudaErrorInvalidValue;
   if (a.num_splits <= 0 || a.B * a.Hkv == 0) return cudaSuccess;
   const bool d = use_dense(a);
-  if (mixed(a)) return d ? mmad::launch_mixed<false>(a, s) : mmad::launch_mixed<true>(a, s);
-  return d ? mmad::launch_all<false>(a, s) : mmad::launch_all<true>(a, s);
+  if (mixed(a)) return d ? mmad::launch<false, true>(a, s) : mmad::launch<true, true>(a, s);
+  return d ? mmad::launch<false, false>(a, s) : mmad::launch<true, false>(a, s);
 }
 
 }  // namespace qsdpa::cuda

@@ -2,6 +2,6 @@
 #include "mma_dispatch_impl.cuh"
 
 namespace qsdpa::cuda::mmad {
-template cudaError_t launch_all<false>(const AttnArgs&, cudaStream_t);
-template int resident_all<false>(const AttnArgs&);
+template cudaError_t launch<false, false>(const AttnArgs&, cudaStream_t);
+template int resident<false, false>(const AttnArgs&);
 }  // namespace qsdpa::cuda::mmad

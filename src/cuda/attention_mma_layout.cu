@@ -2,6 +2,6 @@
 #include "mma_dispatch_impl.cuh"
 
 namespace qsdpa::cuda::mmad {
-template cudaError_t launch_all<true>(const AttnArgs&, cudaStream_t);
-template int resident_all<true>(const AttnArgs&);
+template cudaError_t launch<true, false>(const AttnArgs&, cudaStream_t);
+template int resident<true, false>(const AttnArgs&);
 }  // namespace qsdpa::cuda::mmad

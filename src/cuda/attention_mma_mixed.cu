@@ -3,8 +3,8 @@
 #include "mma_dispatch_impl.cuh"
 
 namespace qsdpa::cuda::mmad {
-template cudaError_t launch_mixed<false>(const AttnArgs&, cudaStream_t);
-template cudaError_t launch_mixed<true>(const AttnArgs&, cudaStream_t);
-template int resident_mixed<false>(const AttnArgs&);
-template int resident_mixed<true>(const AttnArgs&);
+template cudaError_t launch<false, true>(const AttnArgs&, cudaStream_t);
+template cudaError_t launch<true, true>(const AttnArgs&, cudaStream_t);
+template int resident<false, true>(const AttnArgs&);
+template int resident<true, true>(const AttnArgs&);
 }  // namespace qsdpa::cuda::mmad

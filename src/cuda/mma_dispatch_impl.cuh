@@ -14,92 +14,65 @@
 namespace qsdpa::cuda::mmad {
 namespace impl {
 
-template <class T, int BITS, int VBITS, int D, bool LAYOUT>
-cudaError_t launch_d(const AttnArgs& a, cudaStream_t s) {
-  if constexpr (D <= 128) {
-    if (n_tiles(a) == 2) return mmak::launch<T, BITS, VBITS, D, 2, kKeyDenorm, kStages, LAYOUT>(a, s);
-  }
-  return mmak::launch<T, BITS, VBITS, D, 1, kKeyDenorm, kStages, LAYOUT>(a, s);
-}
-
-// Blocks of one instantiation that fit on one multiprocessor, queried once per device.
-template <class T, int BITS, int VBITS, int D, int NT, bool LAYOUT>
-int resident() {
-  using S = mmak::Shape<T, BITS, VBITS, D, NT, kKeyDenorm, kStages>;
-  static std::mutex mu;
-  static std::map<int, int> cache;  // device -> blocks per SM
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    cudaGetLastError();
-    return 1;
-  }
-  std::lock_guard<std::mutex> lock(mu);
-  if (auto it = cache.find(dev); it != cache.end()) return it->second;
-  auto* kern = mmak::attention_kernel<T, BITS, VBITS, D, NT, kKeyDenorm, kStages, LAYOUT>;
-  int n = 0;
-  if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, mmak::kWarps * 32, S::kSmem) != cudaSuccess) {
-    cudaGetLastError();
-    return 1;  // not cached: asked again next time
-  }
-  if (n < 1) n = 1;
-  cache[dev] = n;
-  return n;
-}
-
-template <class T, int BITS, int VBITS, bool LAYOUT>
-int resident_bits(const AttnArgs& a) {
-  const bool two = n_tiles(a) == 2;
-  switch (a.D) {
-    case 64: return two ? resident<T, BITS, VBITS, 64, 2, LAYOUT>() : resident<T, BITS, VBITS, 64, 1, LAYOUT>();
-    case 128:
-      return two ? resident<T, BITS, VBITS, 128, 2, LAYOUT>() : resident<T, BITS, VBITS, 128, 1, LAYOUT>();
-    default: return resident<T, BITS, VBITS, 256, 1, LAYOUT>();
-  }
-}
-
-template <class T, int BITS, int VBITS, bool LAYOUT>
-cudaError_t launch_bits(const AttnArgs& a, cudaStream_t s) {
-  switch (a.D) {
-    case 64: return launch_d<T, BITS, VBITS, 64, LAYOUT>(a, s);
-    case 128: return launch_d<T, BITS, VBITS, 128, LAYOUT>(a, s);
-    case 256: return launch_d<T, BITS, VBITS, 256, LAYOUT>(a, s);
-    default: return cudaErrorInvalidValue;
-  }
+// Calls fn.template operator()<T, BITS, VBITS, D, NT>() for the instantiation that runs `a`: the
+// one switch from runtime values to template parameters, shared by the launch and the occupancy
+// query so that both always name the same kernel. D is 64, 128 or 256 (mma_supports).
+template <bool MIXED, class Fn>
+auto visit(const AttnArgs& a, Fn&& fn) {
+  const auto d = [&]<class T, int BITS, int VBITS>() {
+    const bool two = n_tiles(a) == 2;
+    switch (a.D) {
+      case 64:
+        return two ? fn.template operator()<T, BITS, VBITS, 64, 2>() : fn.template operator()<T, BITS, VBITS, 64, 1>();
+      case 128:
+        return two ? fn.template operator()<T, BITS, VBITS, 128, 2>()
+                   : fn.template operator()<T, BITS, VBITS, 128, 1>();
+      default: return fn.template operator()<T, BITS, VBITS, 256, 1>();
+    }
+  };
+  const auto t = [&]<class T>() {
+    if constexpr (MIXED) {
+      return d.template operator()<T, 8, 4>();
+    } else {
+      return a.k_bits == 4 ? d.template operator()<T, 4, 4>() : d.template operator()<T, 8, 8>();
+    }
+  };
+  return a.dtype == kF16 ? t.template operator()<__half>() : t.template operator()<__nv_bfloat16>();
 }
 
 }  // namespace impl
 
-// Keys and values of one bit width (4 or 8).
-template <bool LAYOUT>
-cudaError_t launch_all(const AttnArgs& a, cudaStream_t s) {
-  const bool b4 = a.k_bits == 4;
-  if (a.dtype == kF16)
-    return b4 ? impl::launch_bits<__half, 4, 4, LAYOUT>(a, s) : impl::launch_bits<__half, 8, 8, LAYOUT>(a, s);
-  return b4 ? impl::launch_bits<__nv_bfloat16, 4, 4, LAYOUT>(a, s)
-            : impl::launch_bits<__nv_bfloat16, 8, 8, LAYOUT>(a, s);
+template <bool LAYOUT, bool MIXED>
+cudaError_t launch(const AttnArgs& a, cudaStream_t s) {
+  return impl::visit<MIXED>(a, [&]<class T, int BITS, int VBITS, int D, int NT>() {
+    return mmak::launch<T, BITS, VBITS, D, NT, kKeyDenorm, kStages, LAYOUT>(a, s);
+  });
 }
 
-template <bool LAYOUT>
-int resident_all(const AttnArgs& a) {
-  const bool b4 = a.k_bits == 4;
-  if (a.dtype == kF16)
-    return b4 ? impl::resident_bits<__half, 4, 4, LAYOUT>(a) : impl::resident_bits<__half, 8, 8, LAYOUT>(a);
-  return b4 ? impl::resident_bits<__nv_bfloat16, 4, 4, LAYOUT>(a)
-            : impl::resident_bits<__nv_bfloat16, 8, 8, LAYOUT>(a);
-}
-
-// 8-bit keys with 4-bit values.
-template <bool LAYOUT>
-cudaError_t launch_mixed(const AttnArgs& a, cudaStream_t s) {
-  return a.dtype == kF16 ? impl::launch_bits<__half, 8, 4, LAYOUT>(a, s)
-                         : impl::launch_bits<__nv_bfloat16, 8, 4, LAYOUT>(a, s);
-}
-
-template <bool LAYOUT>
-int resident_mixed(const AttnArgs& a) {
-  return a.dtype == kF16 ? impl::resident_bits<__half, 8, 4, LAYOUT>(a)
-                         : impl::resident_bits<__nv_bfloat16, 8, 4, LAYOUT>(a);
+template <bool LAYOUT, bool MIXED>
+int resident(const AttnArgs& a) {
+  return impl::visit<MIXED>(a, [&]<class T, int BITS, int VBITS, int D, int NT>() {
+    using S = mmak::Shape<T, BITS, VBITS, D, NT, kKeyDenorm, kStages>;
+    static std::mutex mu;
+    static std::map<int, int> cache;  // device -> blocks per SM, for this instantiation
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+      cudaGetLastError();
+      return 1;
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = cache.find(dev); it != cache.end()) return it->second;
+    auto* kern = mmak::attention_kernel<T, BITS, VBITS, D, NT, kKeyDenorm, kStages, LAYOUT>;
+    int n = 0;
+    if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, mmak::kWarps * 32, S::kSmem) != cudaSuccess) {
+      cudaGetLastError();
+      return 1;  // not cached: asked again next time
+    }
+    if (n < 1) n = 1;
+    cache[dev] = n;
+    return n;
+  });
 }
 
 }  // namespace qsdpa::cuda::mmad

@@ -50,16 +50,12 @@ constexpr int kMinBlocksLayout = QSDPA_MMA_MIN_BLOCKS_LAYOUT;  // the same, stri
 // every block (more multiply-adds, no branch between the mma of different blocks); else only at
 // group ends, behind a branch (measured on an H200, 2026-12-01, folding at every block: headline
 // 4-bit 101.0 -> 99.6 us, D=256 8-bit 66.3 -> 57.0 us, Lq=4 4-bit 141.4 -> 133.1 us, no shape
-// slower). kPredicatedScales: the value scale / bias pairs of a new group are read by predicated
-// loads rather than behind a branch (spills: not used). Build-time knobs for tuning runs.
+// slower; reading the value scales of a new group by predicated loads instead of behind a branch
+// spilled at 128 registers and was not run). A build-time knob for tuning runs.
 #ifndef QSDPA_MMA_FOLD_EVERY_BLOCK
 #define QSDPA_MMA_FOLD_EVERY_BLOCK 1
 #endif
-#ifndef QSDPA_MMA_PREDICATED_SCALES
-#define QSDPA_MMA_PREDICATED_SCALES 0
-#endif
 constexpr bool kFoldEveryBlock = QSDPA_MMA_FOLD_EVERY_BLOCK != 0;
-constexpr bool kPredicatedScales = QSDPA_MMA_PREDICATED_SCALES != 0;
 constexpr int kMinBlocksWide = QSDPA_MMA_MIN_BLOCKS_WIDE;
 
 // Keys of BITS bits, values of VBITS bits (the same group size).
@@ -89,28 +85,47 @@ struct Shape {
   static_assert(kCV >= 2 && (kCV & (kCV - 1)) == 0, "row pieces: a power of two, at least 2");
   static_assert(kStage % 16 == 0, "stages stay 16-byte aligned");
 
-  // Swizzle of the 16-byte pieces of a row of C pieces: the 8 rows one ldmatrix phase reads (8
-  // consecutive tokens, same piece) land in 8 different bank groups. Invariant under token += 16.
-  __host__ __device__ static constexpr int swz_of(int C, int t) {
-    return C >= 8 ? (t & 7) : C == 4 ? ((t >> 1) & 3) : ((t >> 2) & 1);
-  }
-  __host__ __device__ static constexpr int swz(int t) { return swz_of(kC, t); }   // key rows
-  __host__ __device__ static constexpr int swzv(int t) { return swz_of(kCV, t); }  // value rows
 };
+
+// Swizzle of the 16-byte pieces of a row of C pieces: the 8 rows one ldmatrix phase reads (8
+// consecutive tokens, same piece) land in 8 different bank groups. Invariant under token += 16.
+__host__ __device__ constexpr int swz(int C, int t) {
+  return C >= 8 ? (t & 7) : C == 4 ? ((t >> 1) & 3) : ((t >> 2) & 1);
+}
+
+// The swizzled stage offsets of the lane's pieces of a tile of rows of C pieces (piece
+// i = lane + 32 k of the tile sits at byte 16 i of the rows in memory).
+template <int C>
+__device__ __forceinline__ void piece_offsets(int lane, uint32_t (&so)[C]) {
+#pragma unroll
+  for (int k = 0; k < C; ++k) {
+    const int i = lane + 32 * k;
+    so[k] = uint32_t((i ^ swz(C, i / C)) << 4);
+  }
+}
+
+// Copies the lane's pieces of one tile of rows (C pieces each) from p to the stage at dst: all of
+// them (FULL), or those of the rows < left, the others zero-filled (a copy of 0 bytes reads
+// nothing, from `zero`); pieces k >= C / 2 (rows 16..31) are read `second` bytes further on (a
+// tile over two 16-token pages).
+template <int C, bool FULL>
+__device__ __forceinline__ void copy_rows(uint32_t dst, const uint32_t (&so)[C], const uint8_t* p, const void* zero,
+                                          int lane, int64_t left, int64_t second) {
+#pragma unroll
+  for (int k = 0; k < C; ++k) {
+    if constexpr (FULL) {
+      cp_async16(dst + so[k], p + 512 * k, 16);
+    } else {
+      const bool in = (lane + 32 * k) / C < left;
+      const int64_t o = 512 * k + (k >= C / 2 ? second : 0);
+      cp_async16(dst + so[k], in ? p + o : zero, in ? 16 : 0);
+    }
+  }
+}
 
 __device__ __forceinline__ uint32_t lds16(uint32_t addr) {
   unsigned short v;
   asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(addr));
-  return v;
-}
-// Two 16-bit shared loads packed into one word (a0 low), done only when p holds; else `old`.
-__device__ __forceinline__ uint32_t lds16x2_if(uint32_t a0, uint32_t a1, bool p, uint32_t old) {
-  uint32_t v = old;
-  asm volatile(
-      "{\n .reg .pred q;\n .reg .b16 lo, hi;\n setp.ne.b32 q, %3, 0;\n @q ld.shared.u16 lo, [%1];\n"
-      " @q ld.shared.u16 hi, [%2];\n @q mov.b32 %0, {lo, hi};\n}\n"
-      : "+r"(v)
-      : "r"(a0), "r"(a1), "r"(int(p)));
   return v;
 }
 __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
@@ -204,17 +219,9 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
                                                                       : a.v_biases) +
                        (o_first - soff) + sc_lane_k * 16;
   const int nch = (soff + kTW * ng * 2 + 15) >> 4;  // 16-byte pieces of a full tile's span
-  uint32_t so[kC], sov[kCV];                        // swizzled destinations of the lane's pieces
-#pragma unroll
-  for (int k = 0; k < kC; ++k) {
-    const int i = lane + 32 * k;
-    so[k] = uint32_t((i ^ S::swz(i / kC)) << 4);
-  }
-#pragma unroll
-  for (int k = 0; k < kCV; ++k) {
-    const int i = lane + 32 * k;
-    sov[k] = uint32_t((i ^ S::swzv(i / kCV)) << 4);
-  }
+  uint32_t so[kC], sov[kCV];  // swizzled destinations of the lane's pieces of K and of V rows
+  piece_offsets(lane, so);
+  piece_offsets(lane, sov);
 
   // A paged cache whose K and V share one layout: the page of the warp's next tile is read at the
   // issue before (one int32 in flight), so that no issue waits for a block-table load.
@@ -252,18 +259,8 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
     const uint32_t sd = ss + uint32_t(sc_lane_arr * kSCB + sc_lane_k * 16);
     if (LAYOUT && half) {  // 16-token pages: pieces k >= kC / 2 are rows 16..31, in the second page; the
                  // scale span starts at a page (soff = 0) and its pieces from 2 ng on are rows 16..31
-#pragma unroll
-      for (int k = 0; k < kC; ++k) {
-        const bool in = (lane + 32 * k) / kC < left;
-        const int64_t o = 512 * k + (k >= kC / 2 ? d2 * kRB : 0);
-        cp_async16(sk + so[k], in ? pk + o : static_cast<const void*>(a.k_packed), in ? 16 : 0);
-      }
-#pragma unroll
-      for (int k = 0; k < kCV; ++k) {
-        const bool in = (lane + 32 * k) / kCV < left;
-        const int64_t o = 512 * k + (k >= kCV / 2 ? d2 * kRBV : 0);
-        cp_async16(sv + sov[k], in ? pv + o : static_cast<const void*>(a.v_packed), in ? 16 : 0);
-      }
+      copy_rows<kC, false>(sk, so, pk, a.k_packed, lane, left, d2 * kRB);
+      copy_rows<kCV, false>(sv, sov, pv, a.v_packed, lane, left, d2 * kRBV);
       for (int k = sc_lane_k, j = 0; k < nch; k += 8, ++j) {
         const int rest = vlen - 16 * k, n = rest <= 0 ? 0 : rest >= 16 ? 16 : rest;
         cp_async16(sd + 128 * j, n > 0 ? ps + 128 * j + (k >= 2 * ng ? d2 * ng * 2 : 0) : a.k_scales, n);
@@ -271,21 +268,11 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
       return;
     }
     if (left >= kTW) {
-#pragma unroll
-      for (int k = 0; k < kC; ++k) cp_async16(sk + so[k], pk + 512 * k, 16);
-#pragma unroll
-      for (int k = 0; k < kCV; ++k) cp_async16(sv + sov[k], pv + 512 * k, 16);
+      copy_rows<kC, true>(sk, so, pk, a.k_packed, lane, left, 0);
+      copy_rows<kCV, true>(sv, sov, pv, a.v_packed, lane, left, 0);
     } else {  // the last, partial tile: rows past the end are zero-filled, never read
-#pragma unroll
-      for (int k = 0; k < kC; ++k) {
-        const bool in = (lane + 32 * k) / kC < left;  // (a copy of 0 bytes reads nothing)
-        cp_async16(sk + so[k], in ? pk + 512 * k : static_cast<const void*>(a.k_packed), in ? 16 : 0);
-      }
-#pragma unroll
-      for (int k = 0; k < kCV; ++k) {
-        const bool in = (lane + 32 * k) / kCV < left;
-        cp_async16(sv + sov[k], in ? pv + 512 * k : static_cast<const void*>(a.v_packed), in ? 16 : 0);
-      }
+      copy_rows<kC, false>(sk, so, pk, a.k_packed, lane, left, 0);
+      copy_rows<kCV, false>(sv, sov, pv, a.v_packed, lane, left, 0);
     }
     for (int k = sc_lane_k, j = 0; k < nch; k += 8, ++j) {
       const int rest = vlen - 16 * k, n = rest <= 0 ? 0 : rest >= 16 ? 16 : rest;
@@ -446,10 +433,10 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
     const int mi = lane >> 3, tok = (mi & 1) * 8 + (lane & 7);
 #pragma unroll
     for (int u = 0; u < kC / 2; ++u)
-      ldo[u] = uint32_t(tok * kRB + (((2 * u + (mi >> 1)) ^ S::swz(tok)) << 4));
+      ldo[u] = uint32_t(tok * kRB + (((2 * u + (mi >> 1)) ^ swz(kC, tok)) << 4));
 #pragma unroll
     for (int u = 0; u < kCV / 2; ++u)
-      ldov[u] = uint32_t(tok * kRBV + (((2 * u + (mi >> 1)) ^ S::swzv(tok)) << 4));
+      ldov[u] = uint32_t(tok * kRBV + (((2 * u + (mi >> 1)) ^ swz(kCV, tok)) << 4));
   }
   const bool has_mask = a.bool_mask != nullptr || a.float_mask != nullptr;
   // The first position of the block's rows (-1 with padding rows: those take the per-element path).
@@ -651,14 +638,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
           const int ch = 2 * u + hc;
           if (FV::block_start(ch)) {
             const int blk = FV::block_of(ch);
-            const bool fresh = blk == 0 || (blk & bpg_mask) == 0;  // a new group: its scales, biases
-            if (kPredicatedScales && blk > 0) {
-              const uint32_t go = prow + uint32_t((blk >> lbpg) * 2);
-              s01 = lds16x2_if(svs + go, svs + go + pstep, fresh, s01);
-              z01 = lds16x2_if(svz + go, svz + go + pstep, fresh, z01);
-              s89 = lds16x2_if(svs + go + p8, svs + go + p8 + pstep, fresh, s89);
-              z89 = lds16x2_if(svz + go + p8, svz + go + p8 + pstep, fresh, z89);
-            } else if (fresh) {
+            if (blk == 0 || (blk & bpg_mask) == 0) {  // a new group: its scale and bias pairs
               const uint32_t go = prow + uint32_t((blk >> lbpg) * 2);
               s01 = lds16(svs + go) | (lds16(svs + go + pstep) << 16);
               z01 = lds16(svz + go) | (lds16(svz + go + pstep) << 16);
