@@ -171,6 +171,10 @@ if [ "${QSDPA_GPU_NCU:-0}" = 1 ] && [ -x "$cli" ] && command -v ncu >/dev/null; 
       --launch-skip 20 --launch-count 4 \
       --metrics gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,launch__grid_size,launch__registers_per_thread,launch__occupancy_limit_registers \
       "$cli" bench --backend cuda --no-torch --B 1 --N 4096 --bits 4 --iters 20
+    echo "===== B=1 N=4096 4-bit: attention kernel, details ====="
+    timeout "$(limit 60 20)" ncu --clock-control none -k regex:attention_kernel --launch-skip 20 --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
+      "$cli" bench --backend cuda --no-torch --B 1 --N 4096 --bits 4 --iters 20
     echo "===== B=8 N=32768 4-bit: attention kernel, details ====="
     timeout "$(limit 90 20)" ncu --clock-control none -k regex:attention_kernel --launch-skip 12 --launch-count 1 \
       --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \

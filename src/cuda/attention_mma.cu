@@ -1,5 +1,5 @@
 // Host side of the tensor-core attention kernel (mma_kernel.cuh): which problems it takes, and the
-// choice between its dense and general-layout instantiations (mma_dispatch.cuh).
+// choice between its layout instantiations (mma_dispatch.cuh).
 #include "attention_mma.cuh"
 
 #include <cstdint>
@@ -41,15 +41,35 @@ bool layout_ok(const AttnArgs& a) {
   return true;
 }
 
-// Dense caches take the instantiations without the other layouts' row arithmetic
-// (-DQSDPA_MMA_NO_DENSE_SPLIT: every cache through the general ones; a tuning knob).
-bool use_dense(const AttnArgs& a) {
-#ifdef QSDPA_MMA_NO_DENSE_SPLIT
-  (void)a;
-  return false;
-#else
-  return a.dense;
+// The layout instantiation that reads `a` (mma_kernel.cuh): contiguous caches (no block table,
+// token stride 1: layout_ok), paged caches with one block table for K and V and pages of a warp
+// tile or more, and the rest. -DQSDPA_MMA_NO_PAGED_KERNEL sends paged caches to the general one
+// (a tuning knob, to measure the paged kernel against it in one run).
+int layout_kind(const AttnArgs& a) {
+  if (a.dense || (!a.kmap.block_table && !a.vmap.block_table)) return mmak::kContig;
+#ifndef QSDPA_MMA_NO_PAGED_KERNEL
+  if (a.same_layout && a.kmap.block_table && (int64_t(1) << a.kmap.page_shift) >= mmak::kTileTokens)
+    return mmak::kPaged;
 #endif
+  return mmak::kAny;
+}
+
+template <bool MIXED>
+int resident_for(const AttnArgs& a) {
+  switch (layout_kind(a)) {
+    case mmak::kContig: return mmad::resident<mmak::kContig, MIXED>(a);
+    case mmak::kPaged: return mmad::resident<mmak::kPaged, MIXED>(a);
+    default: return mmad::resident<mmak::kAny, MIXED>(a);
+  }
+}
+
+template <bool MIXED>
+cudaError_t launch_for(const AttnArgs& a, cudaStream_t s) {
+  switch (layout_kind(a)) {
+    case mmak::kContig: return mmad::launch<mmak::kContig, MIXED>(a, s);
+    case mmak::kPaged: return mmad::launch<mmak::kPaged, MIXED>(a, s);
+    default: return mmad::launch<mmak::kAny, MIXED>(a, s);
+  }
 }
 
 }  // namespace
@@ -76,11 +96,11 @@ int64_t mma_row_tiles(const AttnArgs& a) {
   return (rows + per - 1) / per;
 }
 
+int mma_layout_kind(const AttnArgs& a) { return mma_supports(a) ? layout_kind(a) : -1; }
+
 int mma_blocks_per_sm(const AttnArgs& a) {
   if (!mma_supports(a)) return 1;
-  const bool d = use_dense(a);
-  const int n = mixed(a) ? (d ? mmad::resident<false, true>(a) : mmad::resident<true, true>(a))
-                         : (d ? mmad::resident<false, false>(a) : mmad::resident<true, false>(a));
+  const int n = mixed(a) ? resident_for<true>(a) : resident_for<false>(a);
   return n > 0 ? n : 1;
 }
 
@@ -88,9 +108,7 @@ cudaError_t mma_launch(const AttnArgs& a, cudaStream_t s) {
   if (!mma_supports(a) || a.chunk <= 0 || a.chunk % mmak::kBlockTokens != 0 || a.num_splits > 65535)
     return cudaErrorInvalidValue;
   if (a.num_splits <= 0 || a.B * a.Hkv == 0) return cudaSuccess;
-  const bool d = use_dense(a);
-  if (mixed(a)) return d ? mmad::launch<false, true>(a, s) : mmad::launch<true, true>(a, s);
-  return d ? mmad::launch<false, false>(a, s) : mmad::launch<true, false>(a, s);
+  return mixed(a) ? launch_for<true>(a, s) : launch_for<false>(a, s);
 }
 
 }  // namespace qsdpa::cuda

@@ -16,6 +16,10 @@ namespace qsdpa::cuda {
 // windows and sinks are all supported.
 bool mma_supports(const AttnArgs& a);
 
+// The layout instantiation that reads a's caches (mmak::kContig, kPaged or kAny), -1 when
+// mma_supports(a) is false.
+int mma_layout_kind(const AttnArgs& a);
+
 // Token granularity of the splits: the dispatcher makes a.chunk a multiple of this.
 int mma_token_tile(const AttnArgs& a);
 

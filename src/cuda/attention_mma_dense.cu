@@ -1,7 +1,7 @@
-// The tensor-core kernel's instantiations for dense [B, Hkv, N] caches (mma_dispatch.cuh).
+// The tensor-core kernel's instantiations for contiguous caches (mmak::kContig, mma_dispatch.cuh).
 #include "mma_dispatch_impl.cuh"
 
 namespace qsdpa::cuda::mmad {
-template cudaError_t launch<false, false>(const AttnArgs&, cudaStream_t);
-template int resident<false, false>(const AttnArgs&);
+template cudaError_t launch<mmak::kContig, false>(const AttnArgs&, cudaStream_t);
+template int resident<mmak::kContig, false>(const AttnArgs&);
 }  // namespace qsdpa::cuda::mmad

@@ -1,7 +1,7 @@
-// The tensor-core kernel's instantiations for strided and paged caches (mma_dispatch.cuh).
+// The tensor-core kernel's instantiations for the other layouts (mmak::kAny, mma_dispatch.cuh).
 #include "mma_dispatch_impl.cuh"
 
 namespace qsdpa::cuda::mmad {
-template cudaError_t launch<true, false>(const AttnArgs&, cudaStream_t);
-template int resident<true, false>(const AttnArgs&);
+template cudaError_t launch<mmak::kAny, false>(const AttnArgs&, cudaStream_t);
+template int resident<mmak::kAny, false>(const AttnArgs&);
 }  // namespace qsdpa::cuda::mmad

@@ -1,10 +1,10 @@
-// The tensor-core kernel's instantiations for 8-bit keys with 4-bit values, dense and other
-// layouts (mma_dispatch.cuh).
+// The tensor-core kernel's instantiations for 8-bit keys with 4-bit values, contiguous and paged
+// caches (mma_dispatch.cuh).
 #include "mma_dispatch_impl.cuh"
 
 namespace qsdpa::cuda::mmad {
-template cudaError_t launch<false, true>(const AttnArgs&, cudaStream_t);
-template cudaError_t launch<true, true>(const AttnArgs&, cudaStream_t);
-template int resident<false, true>(const AttnArgs&);
-template int resident<true, true>(const AttnArgs&);
+template cudaError_t launch<mmak::kContig, true>(const AttnArgs&, cudaStream_t);
+template cudaError_t launch<mmak::kPaged, true>(const AttnArgs&, cudaStream_t);
+template int resident<mmak::kContig, true>(const AttnArgs&);
+template int resident<mmak::kPaged, true>(const AttnArgs&);
 }  // namespace qsdpa::cuda::mmad

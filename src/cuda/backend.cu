@@ -553,3 +553,12 @@ bool qsdpa::cuda::uses_tensor_cores(const AttentionParams& p) {
   const qsdpa::cuda::AttnArgs a = detail::make_args(p);
   return detail::use_tensor_cores(a);
 }
+
+int qsdpa::cuda::tensor_core_layout(const AttentionParams& p) {
+#if QSDPA_HAVE_MMA
+  return cuda::mma_layout_kind(detail::make_args(p));
+#else
+  (void)p;
+  return -1;
+#endif
+}

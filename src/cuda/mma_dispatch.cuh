@@ -1,8 +1,9 @@
 // The one switch from runtime values (T, bits, D, query rows) to the compiled instantiations of
-// the tensor-core kernel (mma_kernel.cuh), for the dense [B, Hkv, N] caches (LAYOUT = false,
-// attention_mma_dense.cu) and for strided and paged ones (LAYOUT = true, attention_mma_layout.cu),
-// and 8-bit keys with 4-bit values for both (attention_mma_mixed.cu): translation units that a
-// parallel build compiles side by side.
+// the tensor-core kernel (mma_kernel.cuh), one translation unit per group so that a parallel build
+// compiles them side by side: keys and values of one bit width for contiguous caches
+// (mmak::kContig, attention_mma_dense.cu), paged ones (kPaged, attention_mma_paged.cu) and the
+// other layouts (kAny, attention_mma_layout.cu); 8-bit keys with 4-bit values for all three
+// (attention_mma_mixed.cu, attention_mma_mixed_any.cu).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -29,21 +30,24 @@ constexpr bool kKeyDenorm = true;
 // twice.)
 inline int n_tiles(const AttnArgs& a) { return (a.Hq / a.Hkv * a.Lq > 8 && a.D <= 128) ? 2 : 1; }
 
-// Launches the instantiation for `a` (which mma_supports() accepted): keys and values of one bit
-// width (MIXED = false), or 8-bit keys with 4-bit values (MIXED = true).
-template <bool LAYOUT, bool MIXED>
+// Launches the instantiation for `a` (which mma_supports() accepted) with the layout LAYOUT
+// (mmak::kContig, kPaged or kAny): keys and values of one bit width (MIXED = false), or 8-bit
+// keys with 4-bit values (MIXED = true).
+template <int LAYOUT, bool MIXED>
 cudaError_t launch(const AttnArgs& a, cudaStream_t s);
 // Blocks of that same instantiation that fit on one multiprocessor (cached per device).
-template <bool LAYOUT, bool MIXED>
+template <int LAYOUT, bool MIXED>
 int resident(const AttnArgs& a);
 
-extern template cudaError_t launch<false, false>(const AttnArgs&, cudaStream_t);
-extern template cudaError_t launch<true, false>(const AttnArgs&, cudaStream_t);
-extern template cudaError_t launch<false, true>(const AttnArgs&, cudaStream_t);
-extern template cudaError_t launch<true, true>(const AttnArgs&, cudaStream_t);
-extern template int resident<false, false>(const AttnArgs&);
-extern template int resident<true, false>(const AttnArgs&);
-extern template int resident<false, true>(const AttnArgs&);
-extern template int resident<true, true>(const AttnArgs&);
+#define QSDPA_MMAD_EXTERN(L, M)                                             \
+  extern template cudaError_t launch<L, M>(const AttnArgs&, cudaStream_t); \
+  extern template int resident<L, M>(const AttnArgs&);
+QSDPA_MMAD_EXTERN(0, false)
+QSDPA_MMAD_EXTERN(1, false)
+QSDPA_MMAD_EXTERN(2, false)
+QSDPA_MMAD_EXTERN(0, true)
+QSDPA_MMAD_EXTERN(1, true)
+QSDPA_MMAD_EXTERN(2, true)
+#undef QSDPA_MMAD_EXTERN
 
 }  // namespace qsdpa::cuda::mmad

@@ -1,5 +1,5 @@
 // Definitions of mma_dispatch.cuh's templates; included by the translation units that
-// instantiate them (attention_mma_dense.cu, attention_mma_layout.cu, attention_mma_mixed.cu).
+// instantiate them (mma_dispatch.cuh lists them).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -42,14 +42,14 @@ auto visit(const AttnArgs& a, Fn&& fn) {
 
 }  // namespace impl
 
-template <bool LAYOUT, bool MIXED>
+template <int LAYOUT, bool MIXED>
 cudaError_t launch(const AttnArgs& a, cudaStream_t s) {
   return impl::visit<MIXED>(a, [&]<class T, int BITS, int VBITS, int D, int NT>() {
     return mmak::launch<T, BITS, VBITS, D, NT, kKeyDenorm, kStages, LAYOUT>(a, s);
   });
 }
 
-template <bool LAYOUT, bool MIXED>
+template <int LAYOUT, bool MIXED>
 int resident(const AttnArgs& a) {
   return impl::visit<MIXED>(a, [&]<class T, int BITS, int VBITS, int D, int NT>() {
     using S = mmak::Shape<T, BITS, VBITS, D, NT, kKeyDenorm, kStages>;

@@ -43,8 +43,22 @@ constexpr float kLn2 = 0.6931471805599453f;
 #ifndef QSDPA_MMA_MIN_BLOCKS_WIDE
 #define QSDPA_MMA_MIN_BLOCKS_WIDE 2
 #endif
+#ifndef QSDPA_MMA_MIN_BLOCKS_PAGED
+#define QSDPA_MMA_MIN_BLOCKS_PAGED 4
+#endif
 constexpr int kMinBlocks = QSDPA_MMA_MIN_BLOCKS;
-constexpr int kMinBlocksLayout = QSDPA_MMA_MIN_BLOCKS_LAYOUT;  // the same, strided / paged caches
+constexpr int kMinBlocksPaged = QSDPA_MMA_MIN_BLOCKS_PAGED;    // the same, paged caches (kPaged)
+constexpr int kMinBlocksLayout = QSDPA_MMA_MIN_BLOCKS_LAYOUT;  // the same, the other layouts (kAny)
+
+// The cache layouts an instantiation reads (template parameter LAYOUT), each with only its own
+// row arithmetic compiled in (it costs registers and issue slots in the copy path):
+//   kContig: no block table, consecutive tokens in consecutive rows (the dense [B, Hkv, N], or a
+//            capacity larger than N, or any head / batch strides mma_supports takes; K and V may
+//            differ): a warp's tiles are a fixed number of rows apart;
+//   kPaged:  one block table for K and V, pages of 32 tokens or more (a tile lies in one page):
+//            one table entry per tile, read one tile ahead;
+//   kAny:    the rest mma_supports takes (16-token pages, K and V in different layouts).
+constexpr int kContig = 0, kPaged = 1, kAny = 2;
 // The group size is a runtime value, so that group ends fall at runtime positions of the unrolled
 // loops over 32-dim blocks. kFoldEveryBlock: the key logits fold the group scale in at the end of
 // every block (more multiply-adds, no branch between the mma of different blocks); else only at
@@ -134,12 +148,13 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
   return v;
 }
 
-// KDEN: f16 keys as subnormal codes, else as magic-number codes (ignored for bf16). LAYOUT: the
-// caches may be strided or paged (mma_supports' layouts); without it they are the dense
-// [B, Hkv, N] and the row arithmetic of the other layouts is compiled out (it costs the dense
-// kernel registers and issue slots in its copy path).
-template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, bool LAYOUT>
-__global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlocksWide : LAYOUT ? kMinBlocksLayout : kMinBlocks) attention_kernel(const AttnArgs a) {
+// KDEN: f16 keys as subnormal codes, else as magic-number codes (ignored for bf16). LAYOUT: kContig,
+// kPaged or kAny (above).
+template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, int LAYOUT>
+__global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlocksWide
+                                               : LAYOUT == kContig   ? kMinBlocks
+                                               : LAYOUT == kPaged    ? kMinBlocksPaged
+                                                                     : kMinBlocksLayout) attention_kernel(const AttnArgs a) {
   using S = Shape<T, BITS, VBITS, D, NT, KDEN, STAGES>;
   using F = typename S::F;
   using FV = typename S::FV;
@@ -200,13 +215,17 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
   const uint32_t wring = smem_addr(smem) + uint32_t(warp * STAGES * S::kStage);
   const int64_t tile_step = int64_t(kWarps) * kTW;  // tokens from one of the warp's tiles to the next
   const int64_t t_first = tb + int64_t(warp) * kTW;
-  // The cache rows of the warp's first tile. Dense caches are [B, Hkv, N]; other layouts
-  // (capacity, paged pools: mma_supports) have token stride 1, tiles that lie in one page, and
-  // strides that keep the 16-byte phase of the scale spans (the same for K and V).
+  // The cache rows of the warp's first tile. Every layout (mma_supports) has token stride 1, tiles
+  // that lie in one page (or two 16-token pages), and strides that keep the 16-byte phase of the
+  // scale spans (the same for K and V).
   const bool in = t_first < te;
-  const bool dense = !LAYOUT || a.dense;
-  const int64_t krow_first = dense ? bh * N + t_first : in ? a.kmap.row(b, kvh, t_first) : 0;
-  const int64_t vrow_first = dense ? krow_first : in ? a.vmap.row(b, kvh, t_first) : 0;
+  const int64_t krow_first = LAYOUT == kContig ? b * a.kmap.batch_stride + kvh * a.kmap.head_stride + t_first
+                             : in              ? a.kmap.row(b, kvh, t_first)
+                                               : 0;
+  const int64_t vrow_first = LAYOUT == kContig ? b * a.vmap.batch_stride + kvh * a.vmap.head_stride + t_first
+                             : LAYOUT == kPaged ? krow_first
+                             : in               ? a.vmap.row(b, kvh, t_first)
+                                                : 0;
   // lane's first piece of the warp's first tile (piece i = lane + 32 k sits at byte 16 i)
   const uint8_t* gk = reinterpret_cast<const uint8_t*>(a.k_packed) + krow_first * kRB + lane * 16;
   const uint8_t* gv = reinterpret_cast<const uint8_t*>(a.v_packed) + vrow_first * kRBV + lane * 16;
@@ -225,10 +244,10 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
 
   // A paged cache whose K and V share one layout: the page of the warp's next tile is read at the
   // issue before (one int32 in flight), so that no issue waits for a block-table load.
-  const bool pf = !dense && a.same_layout && a.kmap.block_table != nullptr;
+  const bool pf = LAYOUT == kPaged || (LAYOUT == kAny && a.same_layout && a.kmap.block_table != nullptr);
   const int32_t* bt_b = pf ? a.kmap.block_table + b * a.kmap.bt_stride : nullptr;
   // 16-token pages (half a warp tile): the tile's second half lies in the next table entry.
-  const bool half = pf && a.kmap.page_shift < 5;
+  const bool half = LAYOUT == kAny && pf && a.kmap.page_shift < 5;
   int next_page = pf && in ? bt_b[t_first >> a.kmap.page_shift] : 0;
   int next_page2 = half && t_first + 16 < te ? bt_b[(t_first >> a.kmap.page_shift) + 1] : 0;
   auto issue = [&](int64_t it, int stage) {
@@ -236,7 +255,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
     const uint32_t sk = wring + uint32_t(stage * S::kStage), sv = sk + kTW * kRB, ss = sv + kTW * kRBV;
     // rows from the first tile to this one (K and V in one layout: one lookup)
     int64_t dk = it * tile_step, dv = dk, d2 = 0;  // d2: rows the second half moves (16-token pages)
-    if (LAYOUT && pf) {
+    if (LAYOUT != kContig && pf) {
       const int64_t t = t_first + it * tile_step;
       const int64_t pmask = (int64_t(1) << a.kmap.page_shift) - 1;
       const int64_t hoff = kvh * a.kmap.head_stride;
@@ -247,7 +266,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
         next_page = bt_b[tn >> a.kmap.page_shift];
         if (half && tn + 16 < te) next_page2 = bt_b[(tn >> a.kmap.page_shift) + 1];
       }
-    } else if (LAYOUT && !dense) {
+    } else if (LAYOUT == kAny) {
       const int64_t t = t_first + it * tile_step;
       dk = a.kmap.row(b, kvh, t) - krow_first;
       dv = a.same_layout ? dk : a.vmap.row(b, kvh, t) - vrow_first;
@@ -257,7 +276,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
     const int vlen = soff + int(left < kTW ? left : kTW) * ng * 2;  // valid bytes of the span
     const uint8_t* ps = gsc + (sc_lane_arr < 2 ? dk : dv) * ng * 2;
     const uint32_t sd = ss + uint32_t(sc_lane_arr * kSCB + sc_lane_k * 16);
-    if (LAYOUT && half) {  // 16-token pages: pieces k >= kC / 2 are rows 16..31, in the second page; the
+    if (LAYOUT == kAny && half) {  // 16-token pages: pieces k >= kC / 2 are rows 16..31, in the second page; the
                  // scale span starts at a page (soff = 0) and its pieces from 2 ng on are rows 16..31
       copy_rows<kC, false>(sk, so, pk, a.k_packed, lane, left, d2 * kRB);
       copy_rows<kCV, false>(sv, sov, pv, a.v_packed, lane, left, d2 * kRBV);
@@ -716,7 +735,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
 }
 
 // Launches one instantiation: grid (B * Hkv * query-row tiles of 8 * NT, num_splits).
-template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, bool LAYOUT>
+template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, int LAYOUT>
 cudaError_t launch(const AttnArgs& a, cudaStream_t stream) {
   using S = Shape<T, BITS, VBITS, D, NT, KDEN, STAGES>;
   auto* kern = attention_kernel<T, BITS, VBITS, D, NT, KDEN, STAGES, LAYOUT>;

@@ -14,4 +14,9 @@ Status attention_generic_kernel(const AttentionParams& p);
 // the layouts they mean for it reach it).
 bool uses_tensor_cores(const AttentionParams& p);
 
+// Which layout instantiation of the tensor-core kernel would read p's caches: 0 contiguous, 1 paged
+// (one block table for K and V, pages of 32 tokens or more), 2 any other layout; -1 when the
+// tensor-core kernel does not take p.
+int tensor_core_layout(const AttentionParams& p);
+
 }  // namespace qsdpa::cuda

@@ -80,3 +80,47 @@ TEST(CudaDispatch, PagedCaches) {
       EXPECT_EQ(cuda::uses_tensor_cores(p), want) << name(p) << " pages of " << page;
     }
 }
+
+TEST(CudaDispatch, LayoutInstantiations) {
+  // 0: contiguous (no block table, token stride 1: dense, a capacity past N, K and V with
+  // different capacities); 1: one block table for K and V, pages of 32 tokens or more; 2: the
+  // rest the tensor cores take (16-token pages, K and V in different layouts); -1: not taken.
+  alignas(16) static int32_t table[2 * 256] = {};
+  alignas(16) static int32_t table2[2 * 256] = {};
+  for (auto [kb, vb] : {std::pair{4, 4}, std::pair{8, 8}, std::pair{8, 4}}) {
+    const bool mixed = kb != vb;
+    AttentionParams p = problem(DType::f16, kb, vb, 64, 64, 128);
+    EXPECT_EQ(cuda::tensor_core_layout(p), 0) << name(p) << " dense";
+
+    CacheLayout cap;  // capacity 6144 for N = 4096
+    cap.head_stride = 6144;
+    p.k.layout = p.v.layout = cap;
+    EXPECT_EQ(cuda::tensor_core_layout(p), 0) << name(p) << " capacity";
+    CacheLayout cap2 = cap;
+    cap2.head_stride = 8192;
+    p.v.layout = cap2;
+    EXPECT_EQ(cuda::tensor_core_layout(p), 0) << name(p) << " K and V of different capacities";
+
+    CacheLayout strided = cap;
+    strided.token_stride = 2;  // rows two apart: not for the tensor cores
+    p.k.layout = p.v.layout = strided;
+    EXPECT_EQ(cuda::tensor_core_layout(p), -1) << name(p) << " token stride 2";
+
+    for (int64_t page : {16, 32, 64, 256}) {
+      CacheLayout pages;
+      pages.block_table = table;
+      pages.block_table_stride = 256;
+      pages.page_size = page;
+      p.k.layout = p.v.layout = pages;
+      const int want = page >= 32 ? 1 : mixed ? -1 : 2;
+      EXPECT_EQ(cuda::tensor_core_layout(p), want) << name(p) << " pages of " << page;
+
+      CacheLayout other = pages;
+      other.block_table = table2;  // V pages at other places
+      p.v.layout = other;
+      EXPECT_EQ(cuda::tensor_core_layout(p), page >= 32 ? 2 : -1) << name(p) << " two tables, pages of " << page;
+      p.v.layout = cap;  // paged K, contiguous V
+      EXPECT_EQ(cuda::tensor_core_layout(p), page >= 32 ? 2 : -1) << name(p) << " paged K, contiguous V, " << page;
+    }
+  }
+}

@@ -1,0 +1,7 @@
+// The tensor-core kernel's instantiations for paged caches (mmak::kPaged, mma_dispatch.cuh).
+#include "mma_dispatch_impl.cuh"
+
+namespace qsdpa::cuda::mmad {
+template cudaError_t launch<mmak::kPaged, false>(const AttnArgs&, cudaStream_t);
+template int resident<mmak::kPaged, false>(const AttnArgs&);
+}  // namespace qsdpa::cuda::mmad
