@@ -10,8 +10,6 @@
 namespace qsdpa::cuda {
 namespace {
 
-using mmad::kBF16;
-using mmad::kF16;
 using mmad::n_tiles;
 constexpr int64_t kMaxRows = 64;  // query rows per KV head (rep * Lq)
 
@@ -29,11 +27,10 @@ bool layout_ok(const AttnArgs& a) {
   const int64_t span = (a.D / a.k_group) * 2;  // bytes of scales per row (f16 / bf16)
   for (const detail::RowMap* m : {&a.kmap, &a.vmap}) {
     if (m->token_stride != 1) return false;
-    // pages of 16 tokens (half a warp tile): only with K and V in one layout (mma_kernel.cuh reads
-    // both halves' pages at once), and not yet for 8-bit keys with 4-bit values (that copy path
-    // has not run on a GPU: the generic kernel takes them)
+    // pages of 16 tokens (half a warp tile): only with K and V in one layout (kPaged16 reads both
+    // halves' pages at once)
     if (m->block_table && (int64_t(1) << m->page_shift) < mmak::kTileTokens &&
-        !((int64_t(1) << m->page_shift) == mmak::kTileTokens / 2 && a.same_layout && !mixed(a)))
+        !((int64_t(1) << m->page_shift) == mmak::kTileTokens / 2 && a.same_layout))
       return false;
     for (int64_t st : {m->head_stride, m->block_table ? m->page_stride : m->batch_stride})
       if ((st * span) % 16 != 0) return false;
@@ -42,15 +39,12 @@ bool layout_ok(const AttnArgs& a) {
 }
 
 // The layout instantiation that reads `a` (mma_kernel.cuh): contiguous caches (no block table,
-// token stride 1: layout_ok), paged caches with one block table for K and V and pages of a warp
-// tile or more, and the rest. -DQSDPA_MMA_NO_PAGED_KERNEL sends paged caches to the general one
-// (a tuning knob, to measure the paged kernel against it in one run).
+// token stride 1: layout_ok), paged caches with one block table for K and V (pages of a warp tile
+// or more, or of half of one), and the rest.
 int layout_kind(const AttnArgs& a) {
   if (a.dense || (!a.kmap.block_table && !a.vmap.block_table)) return mmak::kContig;
-#ifndef QSDPA_MMA_NO_PAGED_KERNEL
-  if (a.same_layout && a.kmap.block_table && (int64_t(1) << a.kmap.page_shift) >= mmak::kTileTokens)
-    return mmak::kPaged;
-#endif
+  if (a.same_layout && a.kmap.block_table)
+    return (int64_t(1) << a.kmap.page_shift) >= mmak::kTileTokens ? mmak::kPaged : mmak::kPaged16;
   return mmak::kAny;
 }
 
@@ -59,7 +53,18 @@ int resident_for(const AttnArgs& a) {
   switch (layout_kind(a)) {
     case mmak::kContig: return mmad::resident<mmak::kContig, MIXED>(a);
     case mmak::kPaged: return mmad::resident<mmak::kPaged, MIXED>(a);
+    case mmak::kPaged16: return mmad::resident<mmak::kPaged16, MIXED>(a);
     default: return mmad::resident<mmak::kAny, MIXED>(a);
+  }
+}
+
+template <bool MIXED>
+bool cluster_for(const AttnArgs& a, int splits) {
+  switch (layout_kind(a)) {
+    case mmak::kContig: return mmad::cluster_ok<mmak::kContig, MIXED>(a, splits);
+    case mmak::kPaged: return mmad::cluster_ok<mmak::kPaged, MIXED>(a, splits);
+    case mmak::kPaged16: return mmad::cluster_ok<mmak::kPaged16, MIXED>(a, splits);
+    default: return mmad::cluster_ok<mmak::kAny, MIXED>(a, splits);
   }
 }
 
@@ -68,6 +73,7 @@ cudaError_t launch_for(const AttnArgs& a, cudaStream_t s) {
   switch (layout_kind(a)) {
     case mmak::kContig: return mmad::launch<mmak::kContig, MIXED>(a, s);
     case mmak::kPaged: return mmad::launch<mmak::kPaged, MIXED>(a, s);
+    case mmak::kPaged16: return mmad::launch<mmak::kPaged16, MIXED>(a, s);
     default: return mmad::launch<mmak::kAny, MIXED>(a, s);
   }
 }
@@ -97,6 +103,11 @@ int64_t mma_row_tiles(const AttnArgs& a) {
 }
 
 int mma_layout_kind(const AttnArgs& a) { return mma_supports(a) ? layout_kind(a) : -1; }
+
+bool mma_cluster_fits(const AttnArgs& a, int splits) {
+  if (!mma_supports(a) || splits < 1 || splits > mmak::kMaxClusterSplits) return false;
+  return mixed(a) ? cluster_for<true>(a, splits) : cluster_for<false>(a, splits);
+}
 
 int mma_blocks_per_sm(const AttnArgs& a) {
   if (!mma_supports(a)) return 1;

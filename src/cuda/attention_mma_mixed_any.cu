@@ -1,8 +1,12 @@
-// The tensor-core kernel's instantiations for 8-bit keys with 4-bit values, the other layouts
-// (mmak::kAny, mma_dispatch.cuh).
+// The tensor-core kernel's instantiations for 8-bit keys with 4-bit values, 16-token pages and the
+// other layouts (mmak::kPaged16, kAny; mma_dispatch.cuh).
 #include "mma_dispatch_impl.cuh"
 
 namespace qsdpa::cuda::mmad {
+template cudaError_t launch<mmak::kPaged16, true>(const AttnArgs&, cudaStream_t);
 template cudaError_t launch<mmak::kAny, true>(const AttnArgs&, cudaStream_t);
+template int resident<mmak::kPaged16, true>(const AttnArgs&);
+template bool cluster_ok<mmak::kPaged16, true>(const AttnArgs&, int);
 template int resident<mmak::kAny, true>(const AttnArgs&);
+template bool cluster_ok<mmak::kAny, true>(const AttnArgs&, int);
 }  // namespace qsdpa::cuda::mmad

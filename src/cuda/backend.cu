@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -51,6 +52,14 @@ constexpr int64_t kPartialsRatio = 4;
 constexpr int64_t kBlockOverheadTokens = 128;
 // Most splits the planner considers.
 constexpr int64_t kMaxSplits = 4096;
+// Tensor-core plans of at most this many splits run each row tile's splits as one thread-block
+// cluster that merges in the kernel (sm_90 and newer; AttnArgs::cluster): no partials round trip
+// and no combine launch. 0 turns it off (-DQSDPA_MMA_CLUSTER_SPLITS: a tuning knob).
+#ifndef QSDPA_MMA_CLUSTER_SPLITS
+#define QSDPA_MMA_CLUSTER_SPLITS 16
+#endif
+constexpr int kClusterSplits = QSDPA_MMA_CLUSTER_SPLITS;
+std::atomic<bool> g_cluster_allowed{true};  // cuda::set_cluster_merge (a test hook)
 
 Status error(StatusCode c, std::string msg) { return make_status(c, std::move(msg), Backend::cuda); }
 
@@ -61,6 +70,7 @@ Status cuda_status(cudaError_t e, const char* what) {
 // Per-device facts read once.
 struct DeviceFacts {
   int sms = 0;
+  int cc_major = 0;
   bool pageable_access = false;  // the device can read pageable host memory (HMM / ATS)
 };
 
@@ -79,6 +89,8 @@ Status device_facts(int dev, DeviceFacts* out) {
   if (cudaError_t e = cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, dev); e != cudaSuccess)
     return cuda_status(e, "cudaDeviceGetAttribute(pageableMemoryAccess)");
   f.pageable_access = pageable != 0;
+  if (cudaError_t e = cudaDeviceGetAttribute(&f.cc_major, cudaDevAttrComputeCapabilityMajor, dev); e != cudaSuccess)
+    return cuda_status(e, "cudaDeviceGetAttribute(computeCapabilityMajor)");
   cache[dev] = f;
   *out = f;
   return Status{};
@@ -269,6 +281,17 @@ Plan make_plan(AttnArgs& a, int sms, bool allow_mma = true) {
   a.num_splits = int((span + best_chunk - 1) / best_chunk);
   plan.workspace = cuda::partials_bytes(a.B * a.Hq * a.Lq, a.D, a.num_splits);
   return plan;
+}
+
+// Whether a tensor-core plan runs its row tiles' splits as clusters that merge in the kernel.
+bool cluster_merge(const AttnArgs& a, const DeviceFacts& f) {
+#if QSDPA_HAVE_MMA
+  return g_cluster_allowed.load(std::memory_order_relaxed) && f.cc_major >= 9 && a.num_splits <= kClusterSplits &&
+         cuda::mma_cluster_fits(a, a.num_splits);
+#else
+  (void)a, (void)f;
+  return false;
+#endif
 }
 
 // Points the partials into the workspace (16-byte aligned; partials_bytes() leaves room).
@@ -482,8 +505,10 @@ Status run_attention(const AttentionParams& p, bool allow_mma) {
   cudaError_t e = cudaSuccess;
 #if QSDPA_HAVE_MMA
   if (plan.use_mma) {
+    a.cluster = cluster_merge(a, f);
     e = cuda::mma_launch(a, stream);
     if (e != cudaSuccess) return cuda_status(e, "attention (tensor-core kernel) launch");
+    if (a.cluster) return make_status(StatusCode::ok, "", Backend::cuda);  // it wrote out
   }
 #endif
   if (!plan.use_mma) {
@@ -552,6 +577,21 @@ qsdpa::Status qsdpa::cuda::attention_generic_kernel(const AttentionParams& p) {
 bool qsdpa::cuda::uses_tensor_cores(const AttentionParams& p) {
   const qsdpa::cuda::AttnArgs a = detail::make_args(p);
   return detail::use_tensor_cores(a);
+}
+
+bool qsdpa::cuda::set_cluster_merge(bool on) { return detail::g_cluster_allowed.exchange(on); }
+
+bool qsdpa::cuda::uses_cluster_merge(const AttentionParams& p) {
+  int dev = 0;
+  if (p.N == 0 || cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  detail::DeviceFacts f;
+  if (!detail::device_facts(dev, &f)) return false;
+  qsdpa::cuda::AttnArgs a = detail::make_args(p);
+  const detail::Plan plan = detail::make_plan(a, f.sms);
+  return plan.use_mma && detail::cluster_merge(a, f);
 }
 
 int qsdpa::cuda::tensor_core_layout(const AttentionParams& p) {

@@ -1,9 +1,9 @@
 // The one switch from runtime values (T, bits, D, query rows) to the compiled instantiations of
 // the tensor-core kernel (mma_kernel.cuh), one translation unit per group so that a parallel build
 // compiles them side by side: keys and values of one bit width for contiguous caches
-// (mmak::kContig, attention_mma_dense.cu), paged ones (kPaged, attention_mma_paged.cu) and the
-// other layouts (kAny, attention_mma_layout.cu); 8-bit keys with 4-bit values for all three
-// (attention_mma_mixed.cu, attention_mma_mixed_any.cu).
+// (mmak::kContig, attention_mma_dense.cu), paged ones (kPaged, attention_mma_paged.cu; kPaged16,
+// attention_mma_paged16.cu) and the other layouts (kAny, attention_mma_layout.cu); 8-bit keys
+// with 4-bit values for all four (attention_mma_mixed.cu, attention_mma_mixed_any.cu).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -31,7 +31,7 @@ constexpr bool kKeyDenorm = true;
 inline int n_tiles(const AttnArgs& a) { return (a.Hq / a.Hkv * a.Lq > 8 && a.D <= 128) ? 2 : 1; }
 
 // Launches the instantiation for `a` (which mma_supports() accepted) with the layout LAYOUT
-// (mmak::kContig, kPaged or kAny): keys and values of one bit width (MIXED = false), or 8-bit
+// (mmak::kContig, kPaged, kPaged16 or kAny): keys and values of one bit width (MIXED = false), or 8-bit
 // keys with 4-bit values (MIXED = true).
 template <int LAYOUT, bool MIXED>
 cudaError_t launch(const AttnArgs& a, cudaStream_t s);
@@ -39,15 +39,23 @@ cudaError_t launch(const AttnArgs& a, cudaStream_t s);
 template <int LAYOUT, bool MIXED>
 int resident(const AttnArgs& a);
 
+// Whether clusters of `splits` blocks of that instantiation can be resident (AttnArgs::cluster;
+// cached per device and size).
+template <int LAYOUT, bool MIXED>
+bool cluster_ok(const AttnArgs& a, int splits);
+
 #define QSDPA_MMAD_EXTERN(L, M)                                             \
   extern template cudaError_t launch<L, M>(const AttnArgs&, cudaStream_t); \
-  extern template int resident<L, M>(const AttnArgs&);
+  extern template int resident<L, M>(const AttnArgs&);                     \
+  extern template bool cluster_ok<L, M>(const AttnArgs&, int);
 QSDPA_MMAD_EXTERN(0, false)
 QSDPA_MMAD_EXTERN(1, false)
 QSDPA_MMAD_EXTERN(2, false)
 QSDPA_MMAD_EXTERN(0, true)
 QSDPA_MMAD_EXTERN(1, true)
 QSDPA_MMAD_EXTERN(2, true)
+QSDPA_MMAD_EXTERN(3, false)
+QSDPA_MMAD_EXTERN(3, true)
 #undef QSDPA_MMAD_EXTERN
 
 }  // namespace qsdpa::cuda::mmad

@@ -7,6 +7,7 @@
 
 #include <map>
 #include <mutex>
+#include <utility>
 
 #include "mma_dispatch.cuh"
 #include "mma_kernel.cuh"
@@ -72,6 +73,25 @@ int resident(const AttnArgs& a) {
     if (n < 1) n = 1;
     cache[dev] = n;
     return n;
+  });
+}
+
+template <int LAYOUT, bool MIXED>
+bool cluster_ok(const AttnArgs& a, int splits) {
+  return impl::visit<MIXED>(a, [&]<class T, int BITS, int VBITS, int D, int NT>() {
+    static std::mutex mu;
+    static std::map<std::pair<int, int>, bool> cache;  // (device, splits) -> fits
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    const std::pair<int, int> key{dev, splits};
+    if (auto it = cache.find(key); it != cache.end()) return it->second;
+    const bool ok = mmak::cluster_fits<T, BITS, VBITS, D, NT, kKeyDenorm, kStages, LAYOUT>(splits);
+    cache[key] = ok;
+    return ok;
   });
 }
 

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "common.cuh"
 #include "mma_format.cuh"
 #include "split_kv.cuh"
 
@@ -47,18 +48,20 @@ constexpr float kLn2 = 0.6931471805599453f;
 #define QSDPA_MMA_MIN_BLOCKS_PAGED 4
 #endif
 constexpr int kMinBlocks = QSDPA_MMA_MIN_BLOCKS;
-constexpr int kMinBlocksPaged = QSDPA_MMA_MIN_BLOCKS_PAGED;    // the same, paged caches (kPaged)
+constexpr int kMinBlocksPaged = QSDPA_MMA_MIN_BLOCKS_PAGED;    // the same, paged caches (kPaged, kPaged16)
 constexpr int kMinBlocksLayout = QSDPA_MMA_MIN_BLOCKS_LAYOUT;  // the same, the other layouts (kAny)
 
 // The cache layouts an instantiation reads (template parameter LAYOUT), each with only its own
 // row arithmetic compiled in (it costs registers and issue slots in the copy path):
-//   kContig: no block table, consecutive tokens in consecutive rows (the dense [B, Hkv, N], or a
-//            capacity larger than N, or any head / batch strides mma_supports takes; K and V may
-//            differ): a warp's tiles are a fixed number of rows apart;
-//   kPaged:  one block table for K and V, pages of 32 tokens or more (a tile lies in one page):
-//            one table entry per tile, read one tile ahead;
-//   kAny:    the rest mma_supports takes (16-token pages, K and V in different layouts).
-constexpr int kContig = 0, kPaged = 1, kAny = 2;
+//   kContig:  no block table, consecutive tokens in consecutive rows (the dense [B, Hkv, N], or a
+//             capacity larger than N, or any head / batch strides mma_supports takes; K and V may
+//             differ): a warp's tiles are a fixed number of rows apart;
+//   kPaged:   one block table for K and V, pages of 32 tokens or more (a tile lies in one page):
+//             one table entry per tile, read one tile ahead;
+//   kPaged16: the same with 16-token pages: a tile is two pages, two entries read one tile ahead;
+//   kAny:     the rest mma_supports takes (K and V in different layouts): both rows looked up for
+//             every tile.
+constexpr int kContig = 0, kPaged = 1, kAny = 2, kPaged16 = 3;
 // The group size is a runtime value, so that group ends fall at runtime positions of the unrolled
 // loops over 32-dim blocks. kFoldEveryBlock: the key logits fold the group scale in at the end of
 // every block (more multiply-adds, no branch between the mma of different blocks); else only at
@@ -127,11 +130,11 @@ __device__ __forceinline__ void copy_rows(uint32_t dst, const uint32_t (&so)[C],
                                           int lane, int64_t left, int64_t second) {
 #pragma unroll
   for (int k = 0; k < C; ++k) {
+    const int64_t o = 512 * k + (k >= C / 2 ? second : 0);
     if constexpr (FULL) {
-      cp_async16(dst + so[k], p + 512 * k, 16);
+      cp_async16(dst + so[k], p + o, 16);
     } else {
       const bool in = (lane + 32 * k) / C < left;
-      const int64_t o = 512 * k + (k >= C / 2 ? second : 0);
       cp_async16(dst + so[k], in ? p + o : zero, in ? 16 : 0);
     }
   }
@@ -148,13 +151,65 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
   return v;
 }
 
+// Splits merged in one cluster at most (the non-portable cluster size limit of sm_90).
+constexpr int kMaxClusterSplits = 16;
+
+// The in-kernel combine of a cluster (a.cluster): every block of the cluster holds its split's
+// merged state of the tile's rows in shared memory at the same offsets, cm[row] (log2 units, -inf
+// when the split sees no key), cl[row] and co[row][D] (co may be unwritten where cm is -inf).
+// After a cluster barrier, block r of S combines elements r * 128 + tid, stepping by S * 128, of
+// the tile's nrows x D outputs from all S blocks' states with the row's sink, as combine.cu does,
+// and writes them to out; a second barrier keeps every block's shared memory alive until all
+// reads are done.
+template <int D>
+__device__ __forceinline__ void cluster_combine(const AttnArgs& a, const float* cm, const float* cl, const float* co,
+                                                int nrows, int r0, int64_t b, int64_t kvh, int rep, int Lq) {
+  cluster_sync();
+  const int rank = int(cluster_rank()), S = int(cluster_size()), tid = int(threadIdx.x);
+  const uint32_t am = smem_addr(cm), al = smem_addr(cl), ao = smem_addr(co);
+  for (int idx = rank * kWarps * 32 + tid; idx < nrows * D; idx += S * kWarps * 32) {
+    const int lr = idx / D, d = idx - lr * D;
+    float ms[kMaxClusterSplits], ls[kMaxClusterSplits], os[kMaxClusterSplits];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {  // all loads first: they are in flight together
+      ms[s] = s < S ? ld_cluster_f32(am + uint32_t(lr * 4), uint32_t(s)) : -INFINITY;
+      ls[s] = s < S ? ld_cluster_f32(al + uint32_t(lr * 4), uint32_t(s)) : 0.0f;
+      os[s] = s < S ? ld_cluster_f32(ao + uint32_t((lr * D + d) * 4), uint32_t(s)) : 0.0f;
+    }
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) mx = fmaxf(mx, ms[s]);
+    const int r = r0 + lr, hl = r / Lq, i = r - hl * Lq;
+    const int64_t h = kvh * rep + hl;
+    float res = 0.0f;
+    if (mx != -INFINITY) {  // some key is visible: else zeros, with or without a sink
+      float denom = 0.0f, acc = 0.0f;
+      if (a.sinks) {
+        const float sk = a.sinks[h] * kLog2e;
+        mx = fmaxf(mx, sk);
+        denom = ex2(sk - mx);
+      }
+#pragma unroll
+      for (int s = 0; s < kMaxClusterSplits; ++s) {
+        if (ms[s] == -INFINITY) continue;  // (its o may be unwritten: never multiplied)
+        const float w = ex2(ms[s] - mx);
+        denom = fmaf(w, ls[s], denom);
+        acc = fmaf(w, os[s], acc);
+      }
+      res = acc / denom;
+    }
+    store_t(a.out, a.dtype, a.omap.at(b, h, i) + d, res);
+  }
+  cluster_sync();
+}
+
 // KDEN: f16 keys as subnormal codes, else as magic-number codes (ignored for bf16). LAYOUT: kContig,
 // kPaged or kAny (above).
 template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, int LAYOUT>
 __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlocksWide
                                                : LAYOUT == kContig   ? kMinBlocks
-                                               : LAYOUT == kPaged    ? kMinBlocksPaged
-                                                                     : kMinBlocksLayout) attention_kernel(const AttnArgs a) {
+                                               : LAYOUT == kAny      ? kMinBlocksLayout
+                                                                     : kMinBlocksPaged) attention_kernel(const AttnArgs a) {
   using S = Shape<T, BITS, VBITS, D, NT, KDEN, STAGES>;
   using F = typename S::F;
   using FV = typename S::FV;
@@ -191,6 +246,12 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
   int64_t tb = a.t_begin + int64_t(split) * a.chunk;
   const int64_t te = n < tb + a.chunk ? n : tb + a.chunk;
   if (tb >= te) {  // a split past this sequence's end (per-sequence lengths): no key, nothing else
+    if (a.cluster) {  // the cluster's other splits still merge with this one's (empty) state
+      float* cm = reinterpret_cast<float*>(smem + S::kMain + kRT * D * 4);
+      for (int lr = tid; lr < kRT; lr += kWarps * 32) cm[lr] = -INFINITY, cm[kRT + lr] = 0.0f;
+      cluster_combine<D>(a, cm, cm + kRT, reinterpret_cast<float*>(smem + S::kMain), nrows, r0, b, kvh, rep, Lq);
+      return;
+    }
     const int64_t rows_all = a.B * a.Hq * a.Lq;
     for (int lr = tid; lr < nrows; lr += kWarps * 32) {
       const int r = r0 + lr, hl = r / Lq, i = r - hl * Lq;
@@ -222,8 +283,9 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
   const int64_t krow_first = LAYOUT == kContig ? b * a.kmap.batch_stride + kvh * a.kmap.head_stride + t_first
                              : in              ? a.kmap.row(b, kvh, t_first)
                                                : 0;
+  constexpr bool kPg = LAYOUT == kPaged || LAYOUT == kPaged16;
   const int64_t vrow_first = LAYOUT == kContig ? b * a.vmap.batch_stride + kvh * a.vmap.head_stride + t_first
-                             : LAYOUT == kPaged ? krow_first
+                             : kPg              ? krow_first
                              : in               ? a.vmap.row(b, kvh, t_first)
                                                 : 0;
   // lane's first piece of the warp's first tile (piece i = lane + 32 k sits at byte 16 i)
@@ -244,18 +306,16 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
 
   // A paged cache whose K and V share one layout: the page of the warp's next tile is read at the
   // issue before (one int32 in flight), so that no issue waits for a block-table load.
-  const bool pf = LAYOUT == kPaged || (LAYOUT == kAny && a.same_layout && a.kmap.block_table != nullptr);
-  const int32_t* bt_b = pf ? a.kmap.block_table + b * a.kmap.bt_stride : nullptr;
-  // 16-token pages (half a warp tile): the tile's second half lies in the next table entry.
-  const bool half = LAYOUT == kAny && pf && a.kmap.page_shift < 5;
-  int next_page = pf && in ? bt_b[t_first >> a.kmap.page_shift] : 0;
+  constexpr bool half = LAYOUT == kPaged16;  // the tile's second half lies in the next table entry
+  const int32_t* bt_b = kPg ? a.kmap.block_table + b * a.kmap.bt_stride : nullptr;
+  int next_page = kPg && in ? bt_b[t_first >> a.kmap.page_shift] : 0;
   int next_page2 = half && t_first + 16 < te ? bt_b[(t_first >> a.kmap.page_shift) + 1] : 0;
   auto issue = [&](int64_t it, int stage) {
     const int64_t left = te - (t_first + it * tile_step);
     const uint32_t sk = wring + uint32_t(stage * S::kStage), sv = sk + kTW * kRB, ss = sv + kTW * kRBV;
     // rows from the first tile to this one (K and V in one layout: one lookup)
     int64_t dk = it * tile_step, dv = dk, d2 = 0;  // d2: rows the second half moves (16-token pages)
-    if (LAYOUT != kContig && pf) {
+    if constexpr (kPg) {
       const int64_t t = t_first + it * tile_step;
       const int64_t pmask = (int64_t(1) << a.kmap.page_shift) - 1;
       const int64_t hoff = kvh * a.kmap.head_stride;
@@ -266,7 +326,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
         next_page = bt_b[tn >> a.kmap.page_shift];
         if (half && tn + 16 < te) next_page2 = bt_b[(tn >> a.kmap.page_shift) + 1];
       }
-    } else if (LAYOUT == kAny) {
+    } else if constexpr (LAYOUT == kAny) {
       const int64_t t = t_first + it * tile_step;
       dk = a.kmap.row(b, kvh, t) - krow_first;
       dv = a.same_layout ? dk : a.vmap.row(b, kvh, t) - vrow_first;
@@ -276,26 +336,19 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
     const int vlen = soff + int(left < kTW ? left : kTW) * ng * 2;  // valid bytes of the span
     const uint8_t* ps = gsc + (sc_lane_arr < 2 ? dk : dv) * ng * 2;
     const uint32_t sd = ss + uint32_t(sc_lane_arr * kSCB + sc_lane_k * 16);
-    if (LAYOUT == kAny && half) {  // 16-token pages: pieces k >= kC / 2 are rows 16..31, in the second page; the
-                 // scale span starts at a page (soff = 0) and its pieces from 2 ng on are rows 16..31
+    // 16-token pages: pieces k >= kC / 2 are rows 16..31, in the second page, and so are the
+    // pieces of the scale spans from 2 ng on (a span starts at a page: soff = 0).
+    const int64_t s2 = half ? d2 * ng * 2 : 0;
+    if (left >= kTW) {
+      copy_rows<kC, true>(sk, so, pk, a.k_packed, lane, left, d2 * kRB);
+      copy_rows<kCV, true>(sv, sov, pv, a.v_packed, lane, left, d2 * kRBV);
+    } else {  // the last, partial tile: rows past the end are zero-filled, never read
       copy_rows<kC, false>(sk, so, pk, a.k_packed, lane, left, d2 * kRB);
       copy_rows<kCV, false>(sv, sov, pv, a.v_packed, lane, left, d2 * kRBV);
-      for (int k = sc_lane_k, j = 0; k < nch; k += 8, ++j) {
-        const int rest = vlen - 16 * k, n = rest <= 0 ? 0 : rest >= 16 ? 16 : rest;
-        cp_async16(sd + 128 * j, n > 0 ? ps + 128 * j + (k >= 2 * ng ? d2 * ng * 2 : 0) : a.k_scales, n);
-      }
-      return;
-    }
-    if (left >= kTW) {
-      copy_rows<kC, true>(sk, so, pk, a.k_packed, lane, left, 0);
-      copy_rows<kCV, true>(sv, sov, pv, a.v_packed, lane, left, 0);
-    } else {  // the last, partial tile: rows past the end are zero-filled, never read
-      copy_rows<kC, false>(sk, so, pk, a.k_packed, lane, left, 0);
-      copy_rows<kCV, false>(sv, sov, pv, a.v_packed, lane, left, 0);
     }
     for (int k = sc_lane_k, j = 0; k < nch; k += 8, ++j) {
       const int rest = vlen - 16 * k, n = rest <= 0 ? 0 : rest >= 16 ? 16 : rest;
-      cp_async16(sd + 128 * j, n > 0 ? ps + 128 * j : a.k_scales, n);
+      cp_async16(sd + 128 * j, n > 0 ? ps + 128 * j + (half && k >= 2 * ng ? s2 : 0) : a.k_scales, n);
     }
   };
 
@@ -725,6 +778,11 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
         l = fmaf(f, lw[w * kRT + lr], l);
       }
     }
+    if (a.cluster) {  // this split's state, for cluster_combine (the query rows' space is free now)
+      qf[lr * D + d] = acc;
+      if (d == 0) qc[lr] = mx, qc[kRT + lr] = l;
+      continue;
+    }
     const int64_t prow = int64_t(split) * rows_total + qrow_of(lr);
     a.part_o[prow * D + d] = acc;
     if (d == 0) {
@@ -732,6 +790,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
       a.part_l[prow] = l;
     }
   }
+  if (a.cluster) cluster_combine<D>(a, qc, qc + kRT, qf, nrows, r0, b, kvh, rep, Lq);
 }
 
 // Launches one instantiation: grid (B * Hkv * query-row tiles of 8 * NT, num_splits).
@@ -759,8 +818,53 @@ cudaError_t launch(const AttnArgs& a, cudaStream_t stream) {
   const int64_t R = a.Hq / a.Hkv * a.Lq, row_tiles = (R + S::kRT - 1) / S::kRT;
   if (a.B * a.Hkv * row_tiles > int64_t(INT32_MAX)) return cudaErrorInvalidValue;
   const dim3 grid(unsigned(a.B * a.Hkv * row_tiles), unsigned(a.num_splits), 1u);
+  if (a.cluster) {  // the splits of a row tile as one cluster (cluster_fits said it can be resident)
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(kWarps * 32, 1u, 1u);
+    cfg.dynamicSmemBytes = S::kSmem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 1;
+    attr[0].val.clusterDim.y = unsigned(a.num_splits);
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, kern, a);
+  }
   kern<<<grid, kWarps * 32, S::kSmem, stream>>>(a);
   return cudaGetLastError();
+}
+
+// Whether clusters of `splits` blocks of this instantiation can be resident (the kernel's
+// attributes set as launch() sets them, plus the non-portable cluster sizes above 8).
+template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, int LAYOUT>
+bool cluster_fits(int splits) {
+  using S = Shape<T, BITS, VBITS, D, NT, KDEN, STAGES>;
+  auto* kern = attention_kernel<T, BITS, VBITS, D, NT, KDEN, STAGES, LAYOUT>;
+  if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem) != cudaSuccess ||
+      cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(1u, unsigned(splits), 1u);
+  cfg.blockDim = dim3(kWarps * 32, 1u, 1u);
+  cfg.dynamicSmemBytes = S::kSmem;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = unsigned(splits);
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return n > 0;
 }
 
 }  // namespace qsdpa::cuda::mmak

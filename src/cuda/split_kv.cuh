@@ -59,6 +59,10 @@ struct AttnArgs {
   const int32_t* q_lens;
   int dense;
   int same_layout;  // K and V rows at the same places (one block-table lookup serves both)
+  // 1: the splits of each (b, KV head, query-row tile) run as one thread-block cluster (sm_90)
+  // and merge in the tensor-core kernel through distributed shared memory, which writes `out` as
+  // the combine kernel would (no partials, no combine launch).
+  int cluster;
   int64_t plan_b;  // (host only) sequences the split planner assumes: B, or the batch's tokens / N
 };
 

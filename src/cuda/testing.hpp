@@ -14,9 +14,16 @@ Status attention_generic_kernel(const AttentionParams& p);
 // the layouts they mean for it reach it).
 bool uses_tensor_cores(const AttentionParams& p);
 
+// Allows (true, the default) or forbids the tensor-core kernel's in-kernel merge of a row tile's
+// splits through a thread-block cluster (sm_90; otherwise partials and the combine kernel), for
+// the whole process; returns the previous setting. Tests run both paths.
+bool set_cluster_merge(bool on);
+// Whether attention(p) on Backend::cuda would merge in clusters on the current device now.
+bool uses_cluster_merge(const AttentionParams& p);
+
 // Which layout instantiation of the tensor-core kernel would read p's caches: 0 contiguous, 1 paged
-// (one block table for K and V, pages of 32 tokens or more), 2 any other layout; -1 when the
-// tensor-core kernel does not take p.
+// (one block table for K and V, pages of 32 tokens or more), 3 the same with 16-token pages, 2 any
+// other layout; -1 when the tensor-core kernel does not take p.
 int tensor_core_layout(const AttentionParams& p);
 
 }  // namespace qsdpa::cuda

@@ -199,6 +199,47 @@ TEST(CudaAttention, MixedKeyValueBitsTwoNTiles) {
       }
 }
 
+// The tensor-core kernel's two ways of merging a row tile's splits: in the kernel, through a
+// thread-block cluster (sm_90 and newer, at most 16 splits), and through partials and the combine
+// kernel. Each case runs both ways, is checked to take the way meant, and is held to the reference:
+// sinks, windows, masks, two n-tiles, D = 256, 8-bit, 8-bit keys with 4-bit values, one split.
+TEST(CudaAttention, ClusterMergeAndCombineKernel) {
+  QSDPA_REQUIRE_CUDA();
+  int major = 0;
+  CUDA_ASSERT(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  std::vector<Case> cases;
+  Case c;
+  c.dtype = DType::f16, c.kf = c.vf = {4, 64}, c.B = 2, c.Hq = 8, c.Hkv = 2, c.N = 3000, c.D = 128, c.sinks = true;
+  cases.push_back(c);
+  c.dtype = DType::bf16, c.kf = c.vf = {8, 32}, c.Lq = 4, c.N = 2000, c.window = 700, c.float_mask = true, c.sinks = false;
+  cases.push_back(c);
+  c = Case{};
+  c.dtype = DType::f16, c.kf = {8, 64}, c.vf = {4, 64}, c.B = 1, c.Hq = 4, c.Hkv = 1, c.N = 1500, c.D = 64,
+  c.bool_mask = MaskKind::u8;
+  cases.push_back(c);
+  c = Case{};
+  c.dtype = DType::bf16, c.kf = c.vf = {4, 128}, c.B = 1, c.Hq = 16, c.Hkv = 2, c.N = 4000, c.D = 256, c.sinks = true;
+  cases.push_back(c);
+  c = Case{};
+  c.dtype = DType::f16, c.kf = c.vf = {4, 64}, c.B = 3, c.Hq = 4, c.Hkv = 2, c.Lq = 2, c.N = 100, c.D = 128;
+  cases.push_back(c);  // one split: a cluster of one block
+  struct Restore {
+    ~Restore() { cuda::set_cluster_merge(true); }
+  } restore;
+  uint64_t seed = 9300;
+  for (bool on : {true, false}) {
+    cuda::set_cluster_merge(on);
+    for (Case cs : cases) {
+      cs.seed = seed++;
+      test::Problem h(cs);
+      test::DeviceProblem d(h);
+      EXPECT_TRUE(cuda::uses_tensor_cores(d.params())) << cs.str();
+      EXPECT_EQ(cuda::uses_cluster_merge(d.params()), on && major >= 9) << cs.str();
+      EXPECT_EQ(test::run_cuda_case(cs), "") << (on ? "cluster merge: " : "combine kernel: ") << cs.str();
+    }
+  }
+}
+
 TEST_P(CudaSweep, PairwiseDesign) {
   QSDPA_REQUIRE_CUDA();
   const auto cases = sweep_cases();
@@ -407,6 +448,12 @@ TEST(CudaSanitize, Representative) {
   c.bool_mask = MaskKind::u32;
   cases.push_back(c);
   for (const Case& cs : cases) EXPECT_EQ(test::run_cuda_case(cs), "") << cs.str();
+  {  // the tensor-core case again with its splits merged by the combine kernel, not a cluster
+    const bool was = cuda::set_cluster_merge(false);
+    const std::string r = test::run_cuda_case(cases[0]);
+    cuda::set_cluster_merge(was);
+    EXPECT_EQ(r, "") << "combine kernel: " << cases[0].str();
+  }
 
   // caller-provided workspace
   test::Problem h(cases[0]);

@@ -75,20 +75,18 @@ TEST(CudaDispatch, PagedCaches) {
       pages.block_table_stride = 256;
       pages.page_size = page;
       p.k.layout = p.v.layout = pages;
-      // 16-token pages of 8-bit keys with 4-bit values: the generic kernel (not yet run there)
-      const bool want = !(page == 16 && kb == 8 && vb == 4);
-      EXPECT_EQ(cuda::uses_tensor_cores(p), want) << name(p) << " pages of " << page;
+      EXPECT_TRUE(cuda::uses_tensor_cores(p)) << name(p) << " pages of " << page;
     }
 }
 
 TEST(CudaDispatch, LayoutInstantiations) {
   // 0: contiguous (no block table, token stride 1: dense, a capacity past N, K and V with
-  // different capacities); 1: one block table for K and V, pages of 32 tokens or more; 2: the
-  // rest the tensor cores take (16-token pages, K and V in different layouts); -1: not taken.
+  // different capacities); 1: one block table for K and V, pages of 32 tokens or more; 3: the
+  // same with 16-token pages; 2: the rest the tensor cores take (K and V in different layouts,
+  // pages of 32 or more); -1: not taken.
   alignas(16) static int32_t table[2 * 256] = {};
   alignas(16) static int32_t table2[2 * 256] = {};
   for (auto [kb, vb] : {std::pair{4, 4}, std::pair{8, 8}, std::pair{8, 4}}) {
-    const bool mixed = kb != vb;
     AttentionParams p = problem(DType::f16, kb, vb, 64, 64, 128);
     EXPECT_EQ(cuda::tensor_core_layout(p), 0) << name(p) << " dense";
 
@@ -112,7 +110,7 @@ TEST(CudaDispatch, LayoutInstantiations) {
       pages.block_table_stride = 256;
       pages.page_size = page;
       p.k.layout = p.v.layout = pages;
-      const int want = page >= 32 ? 1 : mixed ? -1 : 2;
+      const int want = page >= 32 ? 1 : 3;
       EXPECT_EQ(cuda::tensor_core_layout(p), want) << name(p) << " pages of " << page;
 
       CacheLayout other = pages;

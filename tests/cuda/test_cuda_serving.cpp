@@ -52,12 +52,12 @@ TEST_P(CudaServing, HostCases) {
 INSTANTIATE_TEST_SUITE_P(Cases, CudaServing, ::testing::Range(0, int(serving_cases().size())));
 
 // Layouts the tensor-core kernel takes (f16 / bf16, K and V in one 4- or 8-bit format, or 8-bit
-// keys with 4-bit values, and one layout, token stride 1, pages of 16 to 256 tokens; 16 only with
-// one layout for K and V), with lengths, masks, windows and sinks.
+// keys with 4-bit values; token stride 1, pages of 16 to 256 tokens, 16 only with one layout for
+// K and V; capacities past N: every layout instantiation), with lengths, masks, windows and sinks.
 std::vector<ServingCase> mma_cases() {
   std::vector<ServingCase> v;
   uint64_t seed = 500;
-  for (int i = 0; i < 20; ++i) {
+  for (int i = 0; i < 22; ++i) {  // (20: 8-bit keys, 4-bit values, 16-token pages)
     ServingCase s;
     s.c.dtype = i % 2 ? DType::bf16 : DType::f16;
     const QuantFormat f = i % 3 == 0 ? QuantFormat{4, 64} : i % 3 == 1 ? QuantFormat{8, 64} : QuantFormat{4, 32};
@@ -94,6 +94,19 @@ TEST_P(CudaServingMma, TensorCoreLayouts) {
   EXPECT_EQ(run_cuda(sc, true), "") << sc.str();
 }
 INSTANTIATE_TEST_SUITE_P(Cases, CudaServingMma, ::testing::Range(0, int(mma_cases().size())));
+
+// The same cases with the splits merged by the combine kernel rather than in clusters (on sm_90
+// the default path is the cluster merge; both must hold, also for splits past a sequence's end).
+class CudaServingMmaCombine : public ::testing::TestWithParam<int> {};
+TEST_P(CudaServingMmaCombine, TensorCoreLayouts) {
+  QSDPA_REQUIRE_CUDA();
+  const ServingCase sc = mma_cases()[size_t(GetParam())];
+  const bool was = cuda::set_cluster_merge(false);
+  const std::string r = run_cuda(sc, true);
+  cuda::set_cluster_merge(was);
+  EXPECT_EQ(r, "") << sc.str();
+}
+INSTANTIATE_TEST_SUITE_P(Cases, CudaServingMmaCombine, ::testing::Range(0, int(mma_cases().size())));
 
 // append on the GPU writes the same bytes as on the host, for every layout and several layers.
 TEST(CudaAppend, SameBytesAsHost) {

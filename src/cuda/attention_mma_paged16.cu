@@ -1,0 +1,9 @@
+// The tensor-core kernel's instantiations for caches of 16-token pages (mmak::kPaged16,
+// mma_dispatch.cuh).
+#include "mma_dispatch_impl.cuh"
+
+namespace qsdpa::cuda::mmad {
+template cudaError_t launch<mmak::kPaged16, false>(const AttnArgs&, cudaStream_t);
+template int resident<mmak::kPaged16, false>(const AttnArgs&);
+template bool cluster_ok<mmak::kPaged16, false>(const AttnArgs&, int);
+}  // namespace qsdpa::cuda::mmad
