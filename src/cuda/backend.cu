@@ -283,11 +283,18 @@ Plan make_plan(AttnArgs& a, int sms, bool allow_mma = true) {
   return plan;
 }
 
-// Whether a tensor-core plan runs its row tiles' splits as clusters that merge in the kernel.
+// Whether a tensor-core plan runs its row tiles' splits as clusters that merge in the kernel: only
+// when the grid holds at most one block per multiprocessor (the latency-bound small calls). With
+// more, a cluster's blocks wait at its barrier for the slowest of them, holding their slots, and
+// the waves lose that time (measured on an H200, 2026-12-01, clusters at up to 16 splits against
+// the combine kernel: B=1 N=4096 4-bit 16.2 -> 13.7 us, but B=8 N=32768 4-bit 101.8 -> 132.1 us,
+// 8-bit 146.7 -> 222.3 us, B=4 N=16384 38.1 -> 46.3 us; B=32 N=4096 57.9 -> 56.4 us).
 bool cluster_merge(const AttnArgs& a, const DeviceFacts& f) {
 #if QSDPA_HAVE_MMA
-  return g_cluster_allowed.load(std::memory_order_relaxed) && f.cc_major >= 9 && a.num_splits <= kClusterSplits &&
-         cuda::mma_cluster_fits(a, a.num_splits);
+  if (!g_cluster_allowed.load(std::memory_order_relaxed) || f.cc_major < 9 || a.num_splits > kClusterSplits)
+    return false;
+  const int64_t blocks = a.B * a.Hkv * cuda::mma_row_tiles(a) * a.num_splits;
+  return blocks <= f.sms && cuda::mma_cluster_fits(a, a.num_splits);
 #else
   (void)a, (void)f;
   return false;

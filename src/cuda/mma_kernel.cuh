@@ -157,48 +157,71 @@ constexpr int kMaxClusterSplits = 16;
 // The in-kernel combine of a cluster (a.cluster): every block of the cluster holds its split's
 // merged state of the tile's rows in shared memory at the same offsets, cm[row] (log2 units, -inf
 // when the split sees no key), cl[row] and co[row][D] (co may be unwritten where cm is -inf).
-// After a cluster barrier, block r of S combines elements r * 128 + tid, stepping by S * 128, of
-// the tile's nrows x D outputs from all S blocks' states with the row's sink, as combine.cu does,
-// and writes them to out; a second barrier keeps every block's shared memory alive until all
-// reads are done.
-template <int D>
+// After a cluster barrier, each block takes every row's S (m, l) (one thread per row) and turns
+// them, with the row's sink, into the weights w[row][s] of the splits' o (0 for a split that sees
+// no key: its o is never read), in its own scratch space `wgt` ([kRT][kMaxClusterSplits]); then
+// block r of S combines element pairs r * 128 + tid, stepping by S * 128, of the tile's nrows x D
+// outputs from all S blocks' o, as combine.cu does, and writes them to out. A second cluster
+// barrier keeps every block's shared memory alive until all reads are done.
+template <int D, int RT>
 __device__ __forceinline__ void cluster_combine(const AttnArgs& a, const float* cm, const float* cl, const float* co,
-                                                int nrows, int r0, int64_t b, int64_t kvh, int rep, int Lq) {
+                                                float* wgt, int nrows, int r0, int64_t b, int64_t kvh, int rep,
+                                                int Lq) {
   cluster_sync();
   const int rank = int(cluster_rank()), S = int(cluster_size()), tid = int(threadIdx.x);
   const uint32_t am = smem_addr(cm), al = smem_addr(cl), ao = smem_addr(co);
-  for (int idx = rank * kWarps * 32 + tid; idx < nrows * D; idx += S * kWarps * 32) {
-    const int lr = idx / D, d = idx - lr * D;
-    float ms[kMaxClusterSplits], ls[kMaxClusterSplits], os[kMaxClusterSplits];
+  const auto head_of = [&](int lr, int& i) {
+    const int r = r0 + lr, hl = Lq == 1 ? r : r / Lq;
+    i = r - hl * Lq;
+    return kvh * rep + hl;
+  };
+  if (tid < nrows) {
+    const int lr = tid;
+    float ms[kMaxClusterSplits], ls[kMaxClusterSplits];
     float mx = -INFINITY;
 #pragma unroll
     for (int s = 0; s < kMaxClusterSplits; ++s) {  // all loads first: they are in flight together
       ms[s] = s < S ? ld_cluster_f32(am + uint32_t(lr * 4), uint32_t(s)) : -INFINITY;
       ls[s] = s < S ? ld_cluster_f32(al + uint32_t(lr * 4), uint32_t(s)) : 0.0f;
-      os[s] = s < S ? ld_cluster_f32(ao + uint32_t((lr * D + d) * 4), uint32_t(s)) : 0.0f;
+      mx = fmaxf(mx, ms[s]);
+    }
+    float denom = 0.0f;
+    if (mx != -INFINITY && a.sinks) {  // (no visible key: zeros, with or without a sink)
+      int i;
+      const float sk = a.sinks[head_of(lr, i)] * kLog2e;
+      mx = fmaxf(mx, sk);
+      denom = ex2(sk - mx);
     }
 #pragma unroll
-    for (int s = 0; s < kMaxClusterSplits; ++s) mx = fmaxf(mx, ms[s]);
-    const int r = r0 + lr, hl = r / Lq, i = r - hl * Lq;
-    const int64_t h = kvh * rep + hl;
-    float res = 0.0f;
-    if (mx != -INFINITY) {  // some key is visible: else zeros, with or without a sink
-      float denom = 0.0f, acc = 0.0f;
-      if (a.sinks) {
-        const float sk = a.sinks[h] * kLog2e;
-        mx = fmaxf(mx, sk);
-        denom = ex2(sk - mx);
-      }
-#pragma unroll
-      for (int s = 0; s < kMaxClusterSplits; ++s) {
-        if (ms[s] == -INFINITY) continue;  // (its o may be unwritten: never multiplied)
-        const float w = ex2(ms[s] - mx);
-        denom = fmaf(w, ls[s], denom);
-        acc = fmaf(w, os[s], acc);
-      }
-      res = acc / denom;
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      ms[s] = ms[s] == -INFINITY ? 0.0f : ex2(ms[s] - mx);
+      denom = fmaf(ms[s], ls[s], denom);
     }
-    store_t(a.out, a.dtype, a.omap.at(b, h, i) + d, res);
+    const float inv = mx == -INFINITY ? 0.0f : 1.0f / denom;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) wgt[lr * kMaxClusterSplits + s] = ms[s] * inv;
+  }
+  __syncthreads();
+  for (int idx = rank * kWarps * 32 + tid; idx < nrows * (D / 2); idx += S * kWarps * 32) {
+    const int lr = idx / (D / 2), d = 2 * (idx - lr * (D / 2));
+    float2 os[kMaxClusterSplits];
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s)
+      os[s] = s < S ? ld_cluster_f32x2(ao + uint32_t((lr * D + d) * 4), uint32_t(s)) : make_float2(0.0f, 0.0f);
+    float r0v = 0.0f, r1v = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      const float w = wgt[lr * kMaxClusterSplits + s];
+      if (w != 0.0f) {  // (a split with no visible key may have left its o unwritten)
+        r0v = fmaf(w, os[s].x, r0v);
+        r1v = fmaf(w, os[s].y, r1v);
+      }
+    }
+    int i;
+    const int64_t h = head_of(lr, i);
+    const int64_t o = a.omap.at(b, h, i) + d;
+    store_t(a.out, a.dtype, o, r0v);
+    store_t(a.out, a.dtype, o + 1, r1v);
   }
   cluster_sync();
 }
@@ -249,12 +272,13 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
     if (a.cluster) {  // the cluster's other splits still merge with this one's (empty) state
       float* cm = reinterpret_cast<float*>(smem + S::kMain + kRT * D * 4);
       for (int lr = tid; lr < kRT; lr += kWarps * 32) cm[lr] = -INFINITY, cm[kRT + lr] = 0.0f;
-      cluster_combine<D>(a, cm, cm + kRT, reinterpret_cast<float*>(smem + S::kMain), nrows, r0, b, kvh, rep, Lq);
+      cluster_combine<D, kRT>(a, cm, cm + kRT, reinterpret_cast<float*>(smem + S::kMain),
+                              reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
       return;
     }
     const int64_t rows_all = a.B * a.Hq * a.Lq;
     for (int lr = tid; lr < nrows; lr += kWarps * 32) {
-      const int r = r0 + lr, hl = r / Lq, i = r - hl * Lq;
+      const int r = r0 + lr, hl = Lq == 1 ? r : r / Lq, i = r - hl * Lq;
       const int64_t prow = int64_t(split) * rows_all + (b * a.Hq + kvh * rep + hl) * a.Lq + i;
       a.part_m[prow] = -INFINITY;
       a.part_l[prow] = 0.0f;
@@ -366,16 +390,16 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
   int64_t* rpos = reinterpret_cast<int64_t*>(rowc + kRT);  // [kRT] position N - Lq + i (-1: none)
   int64_t* rmrow = rpos + kRT;                             // [kRT] first mask element of the row
   const auto qrow_of = [&](int lr) {
-    const int r = r0 + lr, hl = r / Lq, i = r - hl * Lq;
+    const int r = r0 + lr, hl = Lq == 1 ? r : r / Lq, i = r - hl * Lq;
     return (b * a.Hq + kvh * rep + hl) * a.Lq + i;
   };
   // element offsets of row lr in q and in the masks
   const auto q_off = [&](int lr) {
-    const int r = r0 + lr, hl = r / Lq, i = r - hl * Lq;
+    const int r = r0 + lr, hl = Lq == 1 ? r : r / Lq, i = r - hl * Lq;
     return a.qmap.at(b, kvh * rep + hl, i);
   };
   const auto m_off = [&](int lr) {
-    const int r = r0 + lr, hl = r / Lq, i = r - hl * Lq;
+    const int r = r0 + lr, hl = Lq == 1 ? r : r / Lq, i = r - hl * Lq;
     return a.mmap.at(b, kvh * rep + hl, i);
   };
   {
@@ -396,12 +420,16 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
     }
     if (tid < kRT) {
       const int r = r0 + tid;
-      const int i = r - (r / Lq) * Lq;
+      const int i = Lq == 1 ? 0 : r - (r / Lq) * Lq;
       rpos[tid] = tid < nrows && i < lq ? n - lq + i : -1;
       rmrow[tid] = tid < nrows ? m_off(tid) : 0;
     }
     __syncthreads();
-    for (int lr = warp; lr < kRT; lr += kWarps) {
+    static_assert(kRT % kWarps == 0, "rows per warp: a whole number");
+    // (unrolled: the rows' reduction chains interleave; every warp takes kRT / kWarps rows)
+#pragma unroll
+    for (int k = 0; k < kRT / kWarps; ++k) {
+      const int lr = warp + k * kWarps;
       if (lr >= nrows) {  // a padding row (all zeros): what the reductions below would give
         for (int k = lane; k < kNGMax; k += 32) qc[lr * kNGMax + k] = qo[lr * kNGMax + k] = 0.0f;
         if (lane == 0) rowc[lr] = a.scale * kLog2e / F::kKappa;
@@ -762,22 +790,31 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
         ow[(warp * kRT + lr) * D + FV::vdim(dt, g + 8 * (e >> 1))] = o[dt][nt][e];
       }
   __syncthreads();
-  for (int idx = tid; idx < nrows * D; idx += kWarps * 32) {
-    const int lr = idx / D, d = idx - lr * D;
+  // Per row (one thread each): the warps' weights ex2(m_w - m) in place of m_w, the merged l and
+  // m in lw[0][row] and lw[1][row] (only this thread touches the row's entries).
+  if (tid < nrows) {
+    const int lr = tid;
     float mx = -INFINITY;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, mw[w * kRT + lr]);
-    float acc = 0.0f, l = 0.0f;
-    if (mx != -INFINITY) {
+    float l = 0.0f;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float mwv = mw[w * kRT + lr];
-        if (mwv == -INFINITY) continue;
-        const float f = ex2(mwv - mx);
-        acc = fmaf(f, ow[(w * kRT + lr) * D + d], acc);
-        l = fmaf(f, lw[w * kRT + lr], l);
-      }
+    for (int w = 0; w < kWarps; ++w) {
+      const float mwv = mw[w * kRT + lr];
+      const float f = mwv == -INFINITY ? 0.0f : ex2(mwv - mx);
+      l = fmaf(f, lw[w * kRT + lr], l);
+      mw[w * kRT + lr] = f;
     }
+    lw[lr] = l;
+    lw[kRT + lr] = mx;
+  }
+  __syncthreads();
+  for (int idx = tid; idx < nrows * D; idx += kWarps * 32) {
+    const int lr = idx / D, d = idx - lr * D;
+    float acc = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) acc = fmaf(mw[w * kRT + lr], ow[(w * kRT + lr) * D + d], acc);
+    const float l = lw[lr], mx = lw[kRT + lr];
     if (a.cluster) {  // this split's state, for cluster_combine (the query rows' space is free now)
       qf[lr * D + d] = acc;
       if (d == 0) qc[lr] = mx, qc[kRT + lr] = l;
@@ -790,7 +827,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
       a.part_l[prow] = l;
     }
   }
-  if (a.cluster) cluster_combine<D>(a, qc, qc + kRT, qf, nrows, r0, b, kvh, rep, Lq);
+  if (a.cluster) cluster_combine<D, kRT>(a, qc, qc + kRT, qf, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
 }
 
 // Launches one instantiation: grid (B * Hkv * query-row tiles of 8 * NT, num_splits).

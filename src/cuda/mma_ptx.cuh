@@ -56,6 +56,18 @@ __device__ __forceinline__ float ld_cluster_f32(uint32_t addr, uint32_t rank) {
   return v;
 }
 
+__device__ __forceinline__ float2 ld_cluster_f32x2(uint32_t addr, uint32_t rank) {
+  float2 v = make_float2(0.0f, 0.0f);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t ra;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(ra) : "r"(addr), "r"(rank));
+  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(ra) : "memory");
+#else
+  (void)addr, (void)rank;
+#endif
+  return v;
+}
+
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_wait() {
