@@ -59,7 +59,7 @@ int resident_for(const AttnArgs& a) {
 }
 
 template <bool MIXED>
-bool cluster_for(const AttnArgs& a, int splits) {
+int cluster_for(const AttnArgs& a, int splits) {
   switch (layout_kind(a)) {
     case mmak::kContig: return mmad::cluster_ok<mmak::kContig, MIXED>(a, splits);
     case mmak::kPaged: return mmad::cluster_ok<mmak::kPaged, MIXED>(a, splits);
@@ -104,8 +104,8 @@ int64_t mma_row_tiles(const AttnArgs& a) {
 
 int mma_layout_kind(const AttnArgs& a) { return mma_supports(a) ? layout_kind(a) : -1; }
 
-bool mma_cluster_fits(const AttnArgs& a, int splits) {
-  if (!mma_supports(a) || splits < 1 || splits > mmak::kMaxClusterSplits) return false;
+int mma_max_clusters(const AttnArgs& a, int splits) {
+  if (!mma_supports(a) || splits < 1 || splits > mmak::kMaxClusterSplits) return 0;
   return mixed(a) ? cluster_for<true>(a, splits) : cluster_for<false>(a, splits);
 }
 

@@ -33,15 +33,15 @@ int64_t mma_row_tiles(const AttnArgs& a);
 // num_splits = max(1, SMs * mma_blocks_per_sm() / (B * Hkv * mma_row_tiles())).
 int mma_blocks_per_sm(const AttnArgs& a);
 
-// Whether the splits of a (b, KV head, row tile) can run as one thread-block cluster of `splits`
-// blocks (compute capability 9.0 and newer, at most mmak::kMaxClusterSplits), merging in the
-// kernel instead of through the combine kernel (AttnArgs::cluster).
-bool mma_cluster_fits(const AttnArgs& a, int splits);
+// How many thread-block clusters of `splits` blocks can be resident at once (0: none), each the
+// splits of one (b, KV head, row tile) merging in the kernel instead of through the combine
+// kernel (AttnArgs::cluster; compute capability 9.0 and newer, at most mmak::kMaxClusterSplits).
+int mma_max_clusters(const AttnArgs& a, int splits);
 
 // Writes a.part_m / part_l / part_o for a.num_splits splits of a.chunk tokens, split s covering
 // [a.t_begin + s * a.chunk, a.t_begin + (s + 1) * a.chunk) clipped to [0, N). Grid: one block
 // per (b * Hkv, split, tile of query rows); with a.cluster the splits of a row tile form one
-// cluster and write `out` instead (mma_cluster_fits must have said yes). Returns the launch error.
+// cluster and write `out` instead (mma_max_clusters must allow all of them at once). Returns the launch error.
 cudaError_t mma_launch(const AttnArgs& a, cudaStream_t s);
 
 }  // namespace qsdpa::cuda

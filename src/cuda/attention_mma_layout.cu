@@ -4,5 +4,5 @@
 namespace qsdpa::cuda::mmad {
 template cudaError_t launch<mmak::kAny, false>(const AttnArgs&, cudaStream_t);
 template int resident<mmak::kAny, false>(const AttnArgs&);
-template bool cluster_ok<mmak::kAny, false>(const AttnArgs&, int);
+template int cluster_ok<mmak::kAny, false>(const AttnArgs&, int);
 }  // namespace qsdpa::cuda::mmad

@@ -6,7 +6,7 @@ namespace qsdpa::cuda::mmad {
 template cudaError_t launch<mmak::kContig, true>(const AttnArgs&, cudaStream_t);
 template cudaError_t launch<mmak::kPaged, true>(const AttnArgs&, cudaStream_t);
 template int resident<mmak::kContig, true>(const AttnArgs&);
-template bool cluster_ok<mmak::kContig, true>(const AttnArgs&, int);
+template int cluster_ok<mmak::kContig, true>(const AttnArgs&, int);
 template int resident<mmak::kPaged, true>(const AttnArgs&);
-template bool cluster_ok<mmak::kPaged, true>(const AttnArgs&, int);
+template int cluster_ok<mmak::kPaged, true>(const AttnArgs&, int);
 }  // namespace qsdpa::cuda::mmad

@@ -6,7 +6,7 @@ namespace qsdpa::cuda::mmad {
 template cudaError_t launch<mmak::kPaged16, true>(const AttnArgs&, cudaStream_t);
 template cudaError_t launch<mmak::kAny, true>(const AttnArgs&, cudaStream_t);
 template int resident<mmak::kPaged16, true>(const AttnArgs&);
-template bool cluster_ok<mmak::kPaged16, true>(const AttnArgs&, int);
+template int cluster_ok<mmak::kPaged16, true>(const AttnArgs&, int);
 template int resident<mmak::kAny, true>(const AttnArgs&);
-template bool cluster_ok<mmak::kAny, true>(const AttnArgs&, int);
+template int cluster_ok<mmak::kAny, true>(const AttnArgs&, int);
 }  // namespace qsdpa::cuda::mmad

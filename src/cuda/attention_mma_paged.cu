@@ -4,5 +4,5 @@
 namespace qsdpa::cuda::mmad {
 template cudaError_t launch<mmak::kPaged, false>(const AttnArgs&, cudaStream_t);
 template int resident<mmak::kPaged, false>(const AttnArgs&);
-template bool cluster_ok<mmak::kPaged, false>(const AttnArgs&, int);
+template int cluster_ok<mmak::kPaged, false>(const AttnArgs&, int);
 }  // namespace qsdpa::cuda::mmad

@@ -293,8 +293,10 @@ bool cluster_merge(const AttnArgs& a, const DeviceFacts& f) {
 #if QSDPA_HAVE_MMA
   if (!g_cluster_allowed.load(std::memory_order_relaxed) || f.cc_major < 9 || a.num_splits > kClusterSplits)
     return false;
-  const int64_t blocks = a.B * a.Hkv * cuda::mma_row_tiles(a) * a.num_splits;
-  return blocks <= f.sms && cuda::mma_cluster_fits(a, a.num_splits);
+  // ... and when all the clusters are resident at once: a second wave of clusters costs more than
+  // the combine (D=256 8-bit, one block per SM: 8 clusters of 16 did not fit, 61.7 -> 97.7 us).
+  const int64_t clusters = a.B * a.Hkv * cuda::mma_row_tiles(a), blocks = clusters * a.num_splits;
+  return blocks <= f.sms && clusters <= cuda::mma_max_clusters(a, a.num_splits);
 #else
   (void)a, (void)f;
   return false;

@@ -39,15 +39,15 @@ cudaError_t launch(const AttnArgs& a, cudaStream_t s);
 template <int LAYOUT, bool MIXED>
 int resident(const AttnArgs& a);
 
-// Whether clusters of `splits` blocks of that instantiation can be resident (AttnArgs::cluster;
-// cached per device and size).
+// Clusters of `splits` blocks of that instantiation that can be resident at once (0: none;
+// AttnArgs::cluster; cached per device and size).
 template <int LAYOUT, bool MIXED>
-bool cluster_ok(const AttnArgs& a, int splits);
+int cluster_ok(const AttnArgs& a, int splits);
 
 #define QSDPA_MMAD_EXTERN(L, M)                                             \
   extern template cudaError_t launch<L, M>(const AttnArgs&, cudaStream_t); \
   extern template int resident<L, M>(const AttnArgs&);                     \
-  extern template bool cluster_ok<L, M>(const AttnArgs&, int);
+  extern template int cluster_ok<L, M>(const AttnArgs&, int);
 QSDPA_MMAD_EXTERN(0, false)
 QSDPA_MMAD_EXTERN(1, false)
 QSDPA_MMAD_EXTERN(2, false)

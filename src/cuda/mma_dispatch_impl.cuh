@@ -77,21 +77,21 @@ int resident(const AttnArgs& a) {
 }
 
 template <int LAYOUT, bool MIXED>
-bool cluster_ok(const AttnArgs& a, int splits) {
+int cluster_ok(const AttnArgs& a, int splits) {
   return impl::visit<MIXED>(a, [&]<class T, int BITS, int VBITS, int D, int NT>() {
     static std::mutex mu;
-    static std::map<std::pair<int, int>, bool> cache;  // (device, splits) -> fits
+    static std::map<std::pair<int, int>, int> cache;  // (device, splits) -> clusters
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) {
       cudaGetLastError();
-      return false;
+      return 0;
     }
     std::lock_guard<std::mutex> lock(mu);
     const std::pair<int, int> key{dev, splits};
     if (auto it = cache.find(key); it != cache.end()) return it->second;
-    const bool ok = mmak::cluster_fits<T, BITS, VBITS, D, NT, kKeyDenorm, kStages, LAYOUT>(splits);
-    cache[key] = ok;
-    return ok;
+    const int n = mmak::cluster_fits<T, BITS, VBITS, D, NT, kKeyDenorm, kStages, LAYOUT>(splits);
+    cache[key] = n;
+    return n;
   });
 }
 

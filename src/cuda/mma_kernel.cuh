@@ -153,6 +153,13 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
 
 // Splits merged in one cluster at most (the non-portable cluster size limit of sm_90).
 constexpr int kMaxClusterSplits = 16;
+// -DQSDPA_MMA_NO_CLUSTER_CODE compiles the cluster merge out of the kernel (a tuning knob, to
+// measure what its code costs the kernels that never take it).
+#ifdef QSDPA_MMA_NO_CLUSTER_CODE
+constexpr bool kClusterCode = false;
+#else
+constexpr bool kClusterCode = true;
+#endif
 
 // The in-kernel combine of a cluster (a.cluster): every block of the cluster holds its split's
 // merged state of the tile's rows in shared memory at the same offsets, cm[row] (log2 units, -inf
@@ -269,7 +276,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
   int64_t tb = a.t_begin + int64_t(split) * a.chunk;
   const int64_t te = n < tb + a.chunk ? n : tb + a.chunk;
   if (tb >= te) {  // a split past this sequence's end (per-sequence lengths): no key, nothing else
-    if (a.cluster) {  // the cluster's other splits still merge with this one's (empty) state
+    if (kClusterCode && a.cluster) {  // the cluster's other splits still merge with this one's (empty) state
       float* cm = reinterpret_cast<float*>(smem + S::kMain + kRT * D * 4);
       for (int lr = tid; lr < kRT; lr += kWarps * 32) cm[lr] = -INFINITY, cm[kRT + lr] = 0.0f;
       cluster_combine<D, kRT>(a, cm, cm + kRT, reinterpret_cast<float*>(smem + S::kMain),
@@ -815,7 +822,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) acc = fmaf(mw[w * kRT + lr], ow[(w * kRT + lr) * D + d], acc);
     const float l = lw[lr], mx = lw[kRT + lr];
-    if (a.cluster) {  // this split's state, for cluster_combine (the query rows' space is free now)
+    if (kClusterCode && a.cluster) {  // this split's state, for cluster_combine (the query rows' space is free now)
       qf[lr * D + d] = acc;
       if (d == 0) qc[lr] = mx, qc[kRT + lr] = l;
       continue;
@@ -827,7 +834,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
       a.part_l[prow] = l;
     }
   }
-  if (a.cluster) cluster_combine<D, kRT>(a, qc, qc + kRT, qf, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
+  if (kClusterCode && a.cluster) cluster_combine<D, kRT>(a, qc, qc + kRT, qf, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
 }
 
 // Launches one instantiation: grid (B * Hkv * query-row tiles of 8 * NT, num_splits).
@@ -855,7 +862,7 @@ cudaError_t launch(const AttnArgs& a, cudaStream_t stream) {
   const int64_t R = a.Hq / a.Hkv * a.Lq, row_tiles = (R + S::kRT - 1) / S::kRT;
   if (a.B * a.Hkv * row_tiles > int64_t(INT32_MAX)) return cudaErrorInvalidValue;
   const dim3 grid(unsigned(a.B * a.Hkv * row_tiles), unsigned(a.num_splits), 1u);
-  if (a.cluster) {  // the splits of a row tile as one cluster (cluster_fits said it can be resident)
+  if (a.cluster) {  // the splits of a row tile as one cluster (cluster_fits said they can be resident)
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = grid;
     cfg.blockDim = dim3(kWarps * 32, 1u, 1u);
@@ -874,16 +881,17 @@ cudaError_t launch(const AttnArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// Whether clusters of `splits` blocks of this instantiation can be resident (the kernel's
-// attributes set as launch() sets them, plus the non-portable cluster sizes above 8).
+// How many clusters of `splits` blocks of this instantiation can be resident at once (0: none;
+// the kernel's attributes set as launch() sets them, plus the non-portable sizes above 8).
 template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, int LAYOUT>
-bool cluster_fits(int splits) {
+int cluster_fits(int splits) {
+  if (!kClusterCode) return 0;
   using S = Shape<T, BITS, VBITS, D, NT, KDEN, STAGES>;
   auto* kern = attention_kernel<T, BITS, VBITS, D, NT, KDEN, STAGES, LAYOUT>;
   if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem) != cudaSuccess ||
       cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
     cudaGetLastError();
-    return false;
+    return 0;
   }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(1u, unsigned(splits), 1u);
@@ -899,9 +907,9 @@ bool cluster_fits(int splits) {
   int n = 0;
   if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess) {
     cudaGetLastError();
-    return false;
+    return 0;
   }
-  return n > 0;
+  return n;
 }
 
 }  // namespace qsdpa::cuda::mmak
