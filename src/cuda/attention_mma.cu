@@ -58,18 +58,15 @@ int resident_for(const AttnArgs& a) {
   }
 }
 
+// (contiguous caches only: the cluster merge has instantiations of kContig alone)
 template <bool MIXED>
 int cluster_for(const AttnArgs& a, int splits) {
-  switch (layout_kind(a)) {
-    case mmak::kContig: return mmad::cluster_ok<mmak::kContig, MIXED>(a, splits);
-    case mmak::kPaged: return mmad::cluster_ok<mmak::kPaged, MIXED>(a, splits);
-    case mmak::kPaged16: return mmad::cluster_ok<mmak::kPaged16, MIXED>(a, splits);
-    default: return mmad::cluster_ok<mmak::kAny, MIXED>(a, splits);
-  }
+  return layout_kind(a) == mmak::kContig ? mmad::cluster_ok<mmak::kContigCluster, MIXED>(a, splits) : 0;
 }
 
 template <bool MIXED>
 cudaError_t launch_for(const AttnArgs& a, cudaStream_t s) {
+  if (a.cluster) return mmad::launch<mmak::kContigCluster, MIXED>(a, s);  // (mma_max_clusters: contiguous)
   switch (layout_kind(a)) {
     case mmak::kContig: return mmad::launch<mmak::kContig, MIXED>(a, s);
     case mmak::kPaged: return mmad::launch<mmak::kPaged, MIXED>(a, s);

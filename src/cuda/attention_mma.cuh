@@ -35,7 +35,8 @@ int mma_blocks_per_sm(const AttnArgs& a);
 
 // How many thread-block clusters of `splits` blocks can be resident at once (0: none), each the
 // splits of one (b, KV head, row tile) merging in the kernel instead of through the combine
-// kernel (AttnArgs::cluster; compute capability 9.0 and newer, at most mmak::kMaxClusterSplits).
+// kernel (AttnArgs::cluster; compute capability 9.0 and newer, at most mmak::kMaxClusterSplits,
+// contiguous caches only).
 int mma_max_clusters(const AttnArgs& a, int splits);
 
 // Writes a.part_m / part_l / part_o for a.num_splits splits of a.chunk tokens, split s covering

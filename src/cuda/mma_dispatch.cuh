@@ -3,7 +3,8 @@
 // compiles them side by side: keys and values of one bit width for contiguous caches
 // (mmak::kContig, attention_mma_dense.cu), paged ones (kPaged, attention_mma_paged.cu; kPaged16,
 // attention_mma_paged16.cu) and the other layouts (kAny, attention_mma_layout.cu); 8-bit keys
-// with 4-bit values for all four (attention_mma_mixed.cu, attention_mma_mixed_any.cu).
+// with 4-bit values for all four (attention_mma_mixed.cu, attention_mma_mixed_any.cu); and
+// contiguous caches merging in clusters (kContigCluster, attention_mma_cluster.cu).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -56,6 +57,8 @@ QSDPA_MMAD_EXTERN(1, true)
 QSDPA_MMAD_EXTERN(2, true)
 QSDPA_MMAD_EXTERN(3, false)
 QSDPA_MMAD_EXTERN(3, true)
+QSDPA_MMAD_EXTERN(4, false)
+QSDPA_MMAD_EXTERN(4, true)
 #undef QSDPA_MMAD_EXTERN
 
 }  // namespace qsdpa::cuda::mmad

@@ -60,8 +60,10 @@ constexpr int kMinBlocksLayout = QSDPA_MMA_MIN_BLOCKS_LAYOUT;  // the same, the 
 //             one table entry per tile, read one tile ahead;
 //   kPaged16: the same with 16-token pages: a tile is two pages, two entries read one tile ahead;
 //   kAny:     the rest mma_supports takes (K and V in different layouts): both rows looked up for
-//             every tile.
-constexpr int kContig = 0, kPaged = 1, kAny = 2, kPaged16 = 3;
+//             every tile;
+//   kContigCluster: kContig whose splits of a row tile run as one cluster and merge in the kernel
+//             (AttnArgs::cluster).
+constexpr int kContig = 0, kPaged = 1, kAny = 2, kPaged16 = 3, kContigCluster = 4;
 // The group size is a runtime value, so that group ends fall at runtime positions of the unrolled
 // loops over 32-dim blocks. kFoldEveryBlock: the key logits fold the group scale in at the end of
 // every block (more multiply-adds, no branch between the mma of different blocks); else only at
@@ -153,8 +155,10 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
 
 // Splits merged in one cluster at most (the non-portable cluster size limit of sm_90).
 constexpr int kMaxClusterSplits = 16;
-// -DQSDPA_MMA_NO_CLUSTER_CODE compiles the cluster merge out of the kernel (a tuning knob, to
-// measure what its code costs the kernels that never take it).
+// The cluster merge has instantiations of its own (layout kContigCluster): compiled into every
+// kernel, its code cost the kernels that never take it 1-6 % (H200, 2026-12-01, against a build
+// without it: B=8 N=32768 4-bit 100.9 -> 100.0 us, 8-bit 144.8 -> 143.1, D=256 4-bit 50.8 -> 47.7,
+// Lq=4 138.4 -> 135.7). -DQSDPA_MMA_NO_CLUSTER_CODE leaves it out altogether (a tuning knob).
 #ifdef QSDPA_MMA_NO_CLUSTER_CODE
 constexpr bool kClusterCode = false;
 #else
@@ -237,13 +241,14 @@ __device__ __forceinline__ void cluster_combine(const AttnArgs& a, const float* 
 // kPaged or kAny (above).
 template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, int LAYOUT>
 __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlocksWide
-                                               : LAYOUT == kContig   ? kMinBlocks
+                                               : LAYOUT == kContig || LAYOUT == kContigCluster ? kMinBlocks
                                                : LAYOUT == kAny      ? kMinBlocksLayout
                                                                      : kMinBlocksPaged) attention_kernel(const AttnArgs a) {
   using S = Shape<T, BITS, VBITS, D, NT, KDEN, STAGES>;
   using F = typename S::F;
   using FV = typename S::FV;
   using Y = Ty<T>;
+  constexpr bool kCl = kClusterCode && LAYOUT == kContigCluster;  // merge in the cluster (a.cluster)
   constexpr int kRB = S::kRB, kC = S::kC, kKS = S::kKS, kRT = S::kRT, kMT = S::kMT;
   constexpr int kRBV = S::kRBV, kCV = S::kCV;
   constexpr int kTW = kTileTokens, kSCB = S::kSCB, kNZ = S::kNZ, kNGP = S::kNGP, kNGMax = S::kNGMax;
@@ -276,7 +281,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
   int64_t tb = a.t_begin + int64_t(split) * a.chunk;
   const int64_t te = n < tb + a.chunk ? n : tb + a.chunk;
   if (tb >= te) {  // a split past this sequence's end (per-sequence lengths): no key, nothing else
-    if (kClusterCode && a.cluster) {  // the cluster's other splits still merge with this one's (empty) state
+    if (kCl) {  // the cluster's other splits still merge with this one's (empty) state
       float* cm = reinterpret_cast<float*>(smem + S::kMain + kRT * D * 4);
       for (int lr = tid; lr < kRT; lr += kWarps * 32) cm[lr] = -INFINITY, cm[kRT + lr] = 0.0f;
       cluster_combine<D, kRT>(a, cm, cm + kRT, reinterpret_cast<float*>(smem + S::kMain),
@@ -311,11 +316,12 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
   // that lie in one page (or two 16-token pages), and strides that keep the 16-byte phase of the
   // scale spans (the same for K and V).
   const bool in = t_first < te;
-  const int64_t krow_first = LAYOUT == kContig ? b * a.kmap.batch_stride + kvh * a.kmap.head_stride + t_first
+  constexpr bool kCt = LAYOUT == kContig || LAYOUT == kContigCluster;
+  const int64_t krow_first = kCt ? b * a.kmap.batch_stride + kvh * a.kmap.head_stride + t_first
                              : in              ? a.kmap.row(b, kvh, t_first)
                                                : 0;
   constexpr bool kPg = LAYOUT == kPaged || LAYOUT == kPaged16;
-  const int64_t vrow_first = LAYOUT == kContig ? b * a.vmap.batch_stride + kvh * a.vmap.head_stride + t_first
+  const int64_t vrow_first = kCt ? b * a.vmap.batch_stride + kvh * a.vmap.head_stride + t_first
                              : kPg              ? krow_first
                              : in               ? a.vmap.row(b, kvh, t_first)
                                                 : 0;
@@ -822,7 +828,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) acc = fmaf(mw[w * kRT + lr], ow[(w * kRT + lr) * D + d], acc);
     const float l = lw[lr], mx = lw[kRT + lr];
-    if (kClusterCode && a.cluster) {  // this split's state, for cluster_combine (the query rows' space is free now)
+    if (kCl) {  // this split's state, for cluster_combine (the query rows' space is free now)
       qf[lr * D + d] = acc;
       if (d == 0) qc[lr] = mx, qc[kRT + lr] = l;
       continue;
@@ -834,7 +840,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
       a.part_l[prow] = l;
     }
   }
-  if (kClusterCode && a.cluster) cluster_combine<D, kRT>(a, qc, qc + kRT, qf, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
+  if (kCl) cluster_combine<D, kRT>(a, qc, qc + kRT, qf, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
 }
 
 // Launches one instantiation: grid (B * Hkv * query-row tiles of 8 * NT, num_splits).
@@ -862,7 +868,7 @@ cudaError_t launch(const AttnArgs& a, cudaStream_t stream) {
   const int64_t R = a.Hq / a.Hkv * a.Lq, row_tiles = (R + S::kRT - 1) / S::kRT;
   if (a.B * a.Hkv * row_tiles > int64_t(INT32_MAX)) return cudaErrorInvalidValue;
   const dim3 grid(unsigned(a.B * a.Hkv * row_tiles), unsigned(a.num_splits), 1u);
-  if (a.cluster) {  // the splits of a row tile as one cluster (cluster_fits said they can be resident)
+  if (LAYOUT == kContigCluster) {  // the splits of a row tile as one cluster (cluster_fits: resident)
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = grid;
     cfg.blockDim = dim3(kWarps * 32, 1u, 1u);
@@ -885,7 +891,7 @@ cudaError_t launch(const AttnArgs& a, cudaStream_t stream) {
 // the kernel's attributes set as launch() sets them, plus the non-portable sizes above 8).
 template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, int LAYOUT>
 int cluster_fits(int splits) {
-  if (!kClusterCode) return 0;
+  if (!kClusterCode || LAYOUT != kContigCluster) return 0;
   using S = Shape<T, BITS, VBITS, D, NT, KDEN, STAGES>;
   auto* kern = attention_kernel<T, BITS, VBITS, D, NT, KDEN, STAGES, LAYOUT>;
   if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem) != cudaSuccess ||

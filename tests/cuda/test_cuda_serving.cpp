@@ -96,7 +96,8 @@ TEST_P(CudaServingMma, TensorCoreLayouts) {
 INSTANTIATE_TEST_SUITE_P(Cases, CudaServingMma, ::testing::Range(0, int(mma_cases().size())));
 
 // The same cases with the splits merged by the combine kernel rather than in clusters (on sm_90
-// the default path is the cluster merge; both must hold, also for splits past a sequence's end).
+// the small contiguous ones, capacities past N, merge in clusters by default; both must hold,
+// also for splits past a sequence's end).
 class CudaServingMmaCombine : public ::testing::TestWithParam<int> {};
 TEST_P(CudaServingMmaCombine, TensorCoreLayouts) {
   QSDPA_REQUIRE_CUDA();
