@@ -34,7 +34,7 @@ limit() {
   [ "$cap" -lt "$left" ] && echo "$cap" || echo "$left"
 }
 
-say "qsdpa GPU run $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+say "qsdpa GPU run $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?') ($(git status --porcelain 2>/dev/null | wc -l) paths of the tree differ from it: the device machine's copy may carry an older .git)"
 nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || true
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>/dev/null |
   sed 's/^/gpu: /' | tee -a "$summary"
@@ -196,6 +196,7 @@ fi
 say "total: $(elapsed) s"
 # At most 8 files come back from the GPU machine: the logs travel as one archive.
 if [ "${QSDPA_GPU_PACK:-1}" = 1 ]; then
-  (cd "$out" && ls build.log ctest.log sanitizer.log bench.log nvidia-smi.txt serving.log tune.log 2>/dev/null |
-    xargs -r tar czf logs.tgz --remove-files)
+  (cd "$out" && for f in build.log ctest.log sanitizer.log bench.log nvidia-smi.txt serving.log tune.log; do
+    [ -f "$f" ] && echo "$f"; done | xargs -r tar czf logs.tgz --remove-files)
 fi
+exit 0  # (what ran and how it ended is in summary.txt)
