@@ -33,8 +33,9 @@ constexpr float kLn2 = 0.6931471805599453f;
 // query rows with D <= 128 (dense caches, other layouts), and the wider instantiations (D = 256 or
 // two n-tiles). Build-time knobs for tuning runs (-DQSDPA_MMA_MIN_BLOCKS=...); the defaults are
 // the measured best (H200, 2026-12-01: 4 rather than 3 for dense caches, 126 registers and no
-// spills: B=32 N=4096 4-bit 64.9 -> 57.5 us, headline 102.7 -> 101.2 us; 4 for the layout kernel
-// too, though it spills 16 bytes there: paged 64 4-bit 116.0 -> 114.3 us).
+// spills: B=32 N=4096 4-bit 64.9 -> 57.5 us, headline 102.7 -> 101.2 us; 4 for the general-layout
+// kernel too, though it spilled 16 bytes there: paged 64 4-bit 116.0 -> 114.3 us; 4 for the paged
+// instantiations, 128 registers without spills).
 #ifndef QSDPA_MMA_MIN_BLOCKS
 #define QSDPA_MMA_MIN_BLOCKS 4
 #endif
