@@ -4,7 +4,8 @@
 // (mmak::kContig, attention_mma_dense.cu), paged ones (kPaged, attention_mma_paged.cu; kPaged16,
 // attention_mma_paged16.cu) and the other layouts (kAny, attention_mma_layout.cu); 8-bit keys
 // with 4-bit values for all four (attention_mma_mixed.cu, attention_mma_mixed_any.cu); and
-// contiguous caches merging in clusters (kContigCluster, attention_mma_cluster.cu).
+// contiguous caches merging in clusters (kContigCluster, attention_mma_cluster.cu and
+// attention_mma_cluster_mixed.cu).
 #pragma once
 
 #include <cuda_runtime.h>
