@@ -48,14 +48,22 @@ int layout_kind(const AttnArgs& a) {
   return mmak::kAny;
 }
 
+// Calls fn.template operator()<LAYOUT>() for the layout instantiation that reads `a` (the
+// cluster-merge one when a.cluster: contiguous caches only, mma_max_clusters).
+template <class Fn>
+auto with_layout(const AttnArgs& a, Fn&& fn) {
+  if (a.cluster) return fn.template operator()<mmak::kContigCluster>();
+  switch (layout_kind(a)) {
+    case mmak::kContig: return fn.template operator()<mmak::kContig>();
+    case mmak::kPaged: return fn.template operator()<mmak::kPaged>();
+    case mmak::kPaged16: return fn.template operator()<mmak::kPaged16>();
+    default: return fn.template operator()<mmak::kAny>();
+  }
+}
+
 template <bool MIXED>
 int resident_for(const AttnArgs& a) {
-  switch (layout_kind(a)) {
-    case mmak::kContig: return mmad::resident<mmak::kContig, MIXED>(a);
-    case mmak::kPaged: return mmad::resident<mmak::kPaged, MIXED>(a);
-    case mmak::kPaged16: return mmad::resident<mmak::kPaged16, MIXED>(a);
-    default: return mmad::resident<mmak::kAny, MIXED>(a);
-  }
+  return with_layout(a, [&]<int L>() { return mmad::resident<L, MIXED>(a); });
 }
 
 // (contiguous caches only: the cluster merge has instantiations of kContig alone)
@@ -66,13 +74,7 @@ int cluster_for(const AttnArgs& a, int splits) {
 
 template <bool MIXED>
 cudaError_t launch_for(const AttnArgs& a, cudaStream_t s) {
-  if (a.cluster) return mmad::launch<mmak::kContigCluster, MIXED>(a, s);  // (mma_max_clusters: contiguous)
-  switch (layout_kind(a)) {
-    case mmak::kContig: return mmad::launch<mmak::kContig, MIXED>(a, s);
-    case mmak::kPaged: return mmad::launch<mmak::kPaged, MIXED>(a, s);
-    case mmak::kPaged16: return mmad::launch<mmak::kPaged16, MIXED>(a, s);
-    default: return mmad::launch<mmak::kAny, MIXED>(a, s);
-  }
+  return with_layout(a, [&]<int L>() { return mmad::launch<L, MIXED>(a, s); });
 }
 
 }  // namespace

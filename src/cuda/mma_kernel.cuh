@@ -154,6 +154,14 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
   return v;
 }
 
+// Query row r of a KV head's rep * Lq rows: head hl = r / Lq of the group and row i = r % Lq
+// (no division in the common Lq = 1).
+__device__ __forceinline__ int row_head(int r, int Lq, int& i) {
+  const int hl = Lq == 1 ? r : r / Lq;
+  i = r - hl * Lq;
+  return hl;
+}
+
 // Splits merged in one cluster at most (the non-portable cluster size limit of sm_90).
 constexpr int kMaxClusterSplits = 16;
 // The cluster merge has instantiations of its own (layout kContigCluster): compiled into every
@@ -182,11 +190,7 @@ __device__ __forceinline__ void cluster_combine(const AttnArgs& a, const float* 
   cluster_sync();
   const int rank = int(cluster_rank()), S = int(cluster_size()), tid = int(threadIdx.x);
   const uint32_t am = smem_addr(cm), al = smem_addr(cl), ao = smem_addr(co);
-  const auto head_of = [&](int lr, int& i) {
-    const int r = r0 + lr, hl = Lq == 1 ? r : r / Lq;
-    i = r - hl * Lq;
-    return kvh * rep + hl;
-  };
+  const auto head_of = [&](int lr, int& i) { return kvh * rep + row_head(r0 + lr, Lq, i); };
   if (tid < nrows) {
     const int lr = tid;
     float ms[kMaxClusterSplits], ls[kMaxClusterSplits];
@@ -281,17 +285,20 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
   // ---- this block's tokens; tiles before the sliding window of every row are skipped --------
   int64_t tb = a.t_begin + int64_t(split) * a.chunk;
   const int64_t te = n < tb + a.chunk ? n : tb + a.chunk;
+  // The query rows' region of shared memory (filled below; after the token loop it holds the
+  // block's merged state for cluster_combine: o in qf, m and l in qc).
+  float* qf = reinterpret_cast<float*>(smem + S::kMain);  // [kRT][D]
+  float* qc = qf + kRT * D;                               // [kRT][kNGMax]  Σ_g q
   if (tb >= te) {  // a split past this sequence's end (per-sequence lengths): no key, nothing else
     if (kCl) {  // the cluster's other splits still merge with this one's (empty) state
-      float* cm = reinterpret_cast<float*>(smem + S::kMain + kRT * D * 4);
-      for (int lr = tid; lr < kRT; lr += kWarps * 32) cm[lr] = -INFINITY, cm[kRT + lr] = 0.0f;
-      cluster_combine<D, kRT>(a, cm, cm + kRT, reinterpret_cast<float*>(smem + S::kMain),
-                              reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
+      for (int lr = tid; lr < kRT; lr += kWarps * 32) qc[lr] = -INFINITY, qc[kRT + lr] = 0.0f;
+      cluster_combine<D, kRT>(a, qc, qc + kRT, qf, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
       return;
     }
     const int64_t rows_all = a.B * a.Hq * a.Lq;
     for (int lr = tid; lr < nrows; lr += kWarps * 32) {
-      const int r = r0 + lr, hl = Lq == 1 ? r : r / Lq, i = r - hl * Lq;
+      int i;
+      const int hl = row_head(r0 + lr, Lq, i);
       const int64_t prow = int64_t(split) * rows_all + (b * a.Hq + kvh * rep + hl) * a.Lq + i;
       a.part_m[prow] = -INFINITY;
       a.part_l[prow] = 0.0f;
@@ -397,23 +404,24 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
   }
 
   // ---- query rows: scaled copy in f32, per-row scale, per-group sums --------------------------
-  float* qf = reinterpret_cast<float*>(smem + S::kMain);  // [kRT][D]
-  float* qc = qf + kRT * D;                               // [kRT][kNGMax]  Σ_g q
   float* qo = qc + kRT * kNGMax;                          // [kRT][kNGMax]  Σ_g mu q
   float* rowc = qo + kRT * kNGMax;                        // [kRT] logit factor (log2 units)
   int64_t* rpos = reinterpret_cast<int64_t*>(rowc + kRT);  // [kRT] position N - Lq + i (-1: none)
   int64_t* rmrow = rpos + kRT;                             // [kRT] first mask element of the row
   const auto qrow_of = [&](int lr) {
-    const int r = r0 + lr, hl = Lq == 1 ? r : r / Lq, i = r - hl * Lq;
+    int i;
+    const int hl = row_head(r0 + lr, Lq, i);
     return (b * a.Hq + kvh * rep + hl) * a.Lq + i;
   };
   // element offsets of row lr in q and in the masks
   const auto q_off = [&](int lr) {
-    const int r = r0 + lr, hl = Lq == 1 ? r : r / Lq, i = r - hl * Lq;
+    int i;
+    const int hl = row_head(r0 + lr, Lq, i);
     return a.qmap.at(b, kvh * rep + hl, i);
   };
   const auto m_off = [&](int lr) {
-    const int r = r0 + lr, hl = Lq == 1 ? r : r / Lq, i = r - hl * Lq;
+    int i;
+    const int hl = row_head(r0 + lr, Lq, i);
     return a.mmap.at(b, kvh * rep + hl, i);
   };
   {
@@ -433,8 +441,8 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
       if (idx < kRT * D) qf[idx] = Y::to_f32(qv[k]);
     }
     if (tid < kRT) {
-      const int r = r0 + tid;
-      const int i = Lq == 1 ? 0 : r - (r / Lq) * Lq;
+      int i;
+      row_head(r0 + tid, Lq, i);
       rpos[tid] = tid < nrows && i < lq ? n - lq + i : -1;
       rmrow[tid] = tid < nrows ? m_off(tid) : 0;
     }
@@ -844,6 +852,24 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
   if (kCl) cluster_combine<D, kRT>(a, qc, qc + kRT, qf, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
 }
 
+// A launch of `kern`'s blocks (dynamic shared memory smem) in clusters of `splits` along y; `attr`
+// holds the cluster attribute the config points to.
+inline cudaLaunchConfig_t cluster_config(dim3 grid, int smem, cudaStream_t stream, int splits,
+                                         cudaLaunchAttribute (&attr)[1]) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kWarps * 32, 1u, 1u);
+  cfg.dynamicSmemBytes = size_t(smem);
+  cfg.stream = stream;
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = unsigned(splits);
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
 // Launches one instantiation: grid (B * Hkv * query-row tiles of 8 * NT, num_splits).
 template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, int LAYOUT>
 cudaError_t launch(const AttnArgs& a, cudaStream_t stream) {
@@ -870,18 +896,8 @@ cudaError_t launch(const AttnArgs& a, cudaStream_t stream) {
   if (a.B * a.Hkv * row_tiles > int64_t(INT32_MAX)) return cudaErrorInvalidValue;
   const dim3 grid(unsigned(a.B * a.Hkv * row_tiles), unsigned(a.num_splits), 1u);
   if (LAYOUT == kContigCluster) {  // the splits of a row tile as one cluster (cluster_fits: resident)
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(kWarps * 32, 1u, 1u);
-    cfg.dynamicSmemBytes = S::kSmem;
-    cfg.stream = stream;
     cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = unsigned(a.num_splits);
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    const cudaLaunchConfig_t cfg = cluster_config(grid, S::kSmem, stream, a.num_splits, attr);
     return cudaLaunchKernelEx(&cfg, kern, a);
   }
   kern<<<grid, kWarps * 32, S::kSmem, stream>>>(a);
@@ -900,17 +916,8 @@ int cluster_fits(int splits) {
     cudaGetLastError();
     return 0;
   }
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(1u, unsigned(splits), 1u);
-  cfg.blockDim = dim3(kWarps * 32, 1u, 1u);
-  cfg.dynamicSmemBytes = S::kSmem;
   cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = unsigned(splits);
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  const cudaLaunchConfig_t cfg = cluster_config(dim3(1u, unsigned(splits), 1u), S::kSmem, nullptr, splits, attr);
   int n = 0;
   if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess) {
     cudaGetLastError();
