@@ -82,9 +82,12 @@ cudaError_t launch_for(const AttnArgs& a, cudaStream_t s) {
 bool mma_supports(const AttnArgs& a) {
   if (a.dtype != kF16 && a.dtype != kBF16) return false;
   if (a.k_group != a.v_group) return false;
-  if (!(a.k_bits == a.v_bits && (a.k_bits == 4 || a.k_bits == 8)) && !mixed(a)) return false;
+  if (!(a.k_bits == a.v_bits && (a.k_bits == 2 || a.k_bits == 4 || a.k_bits == 8)) && !mixed(a)) return false;
   if (a.k_group != 32 && a.k_group != 64 && a.k_group != 128) return false;
   if (a.D != 64 && a.D != 128 && a.D != 256) return false;
+  // 2 bits: a 16-byte piece is 64 head dims, which one mma and one group must hold (mma_format.cuh);
+  // two pieces per row at least
+  if (a.k_bits == 2 && (a.k_group < 64 || a.D < 128)) return false;
   if (a.D % a.k_group != 0) return false;
   if (a.Hkv <= 0 || a.Hq % a.Hkv != 0) return false;
   if (a.Hq / a.Hkv * a.Lq > kMaxRows) return false;

@@ -30,7 +30,8 @@ constexpr bool kKeyDenorm = true;
 // keeps one n-tile (the Oᵀ accumulators would not fit in registers) and adds row tiles. (One
 // n-tile and twice the row tiles for Lq = 4 was measured on an H200: 155 -> 202 us, K and V read
 // twice.)
-inline int n_tiles(const AttnArgs& a) { return (a.Hq / a.Hkv * a.Lq > 8 && a.D <= 128) ? 2 : 1; }
+// 2-bit caches have one n-tile only (fewer instantiations to compile; more rows take more row tiles).
+inline int n_tiles(const AttnArgs& a) { return (a.Hq / a.Hkv * a.Lq > 8 && a.D <= 128 && a.k_bits != 2) ? 2 : 1; }
 
 // Launches the instantiation for `a` (which mma_supports() accepted) with the layout LAYOUT
 // (mmak::kContig, kPaged, kPaged16 or kAny): keys and values of one bit width (MIXED = false), or 8-bit

@@ -17,25 +17,32 @@ namespace impl {
 
 // Calls fn.template operator()<T, BITS, VBITS, D, NT>() for the instantiation that runs `a`: the
 // one switch from runtime values to template parameters, shared by the launch and the occupancy
-// query so that both always name the same kernel. D is 64, 128 or 256 (mma_supports).
+// query so that both always name the same kernel. D is 64, 128 or 256 (2 bits: 128 or 256;
+// mma_supports).
 template <bool MIXED, class Fn>
 auto visit(const AttnArgs& a, Fn&& fn) {
   const auto d = [&]<class T, int BITS, int VBITS>() {
     const bool two = n_tiles(a) == 2;
-    switch (a.D) {
-      case 64:
-        return two ? fn.template operator()<T, BITS, VBITS, 64, 2>() : fn.template operator()<T, BITS, VBITS, 64, 1>();
-      case 128:
-        return two ? fn.template operator()<T, BITS, VBITS, 128, 2>()
-                   : fn.template operator()<T, BITS, VBITS, 128, 1>();
-      default: return fn.template operator()<T, BITS, VBITS, 256, 1>();
+    if constexpr (BITS == 2) {  // D = 128 or 256, one n-tile (mma_supports, n_tiles)
+      return a.D == 128 ? fn.template operator()<T, 2, 2, 128, 1>() : fn.template operator()<T, 2, 2, 256, 1>();
+    } else {
+      switch (a.D) {
+        case 64:
+          return two ? fn.template operator()<T, BITS, VBITS, 64, 2>() : fn.template operator()<T, BITS, VBITS, 64, 1>();
+        case 128:
+          return two ? fn.template operator()<T, BITS, VBITS, 128, 2>()
+                     : fn.template operator()<T, BITS, VBITS, 128, 1>();
+        default: return fn.template operator()<T, BITS, VBITS, 256, 1>();
+      }
     }
   };
   const auto t = [&]<class T>() {
     if constexpr (MIXED) {
       return d.template operator()<T, 8, 4>();
     } else {
-      return a.k_bits == 4 ? d.template operator()<T, 4, 4>() : d.template operator()<T, 8, 8>();
+      return a.k_bits == 4   ? d.template operator()<T, 4, 4>()
+             : a.k_bits == 2 ? d.template operator()<T, 2, 2>()
+                             : d.template operator()<T, 8, 8>();
     }
   };
   return a.dtype == kF16 ? t.template operator()<__half>() : t.template operator()<__nv_bfloat16>();

@@ -1,5 +1,5 @@
-// The tensor-core attention kernel (f16 / bf16, 4- and 8-bit MLX caches; keys and values of one bit
-// width, or 8-bit keys with 4-bit values, of one group size): one block of 4 warps per
+// The tensor-core attention kernel (f16 / bf16, 2-, 4- and 8-bit MLX caches; keys and values of one
+// bit width, or 8-bit keys with 4-bit values, of one group size): one block of 4 warps per
 // (b * Hkv, split, query-row tile). Each warp streams its own 32-token tiles (interleaved with the
 // other warps') through a private cp.async ring, computes the logits of all query rows of the
 // GQA group with mma (tokens on M, rows on N), keeps its own online softmax, accumulates Oᵀ with
@@ -624,7 +624,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
 #pragma unroll
         for (int hc = 0; hc < 2; ++hc) {
           const int ch = 2 * u + hc;
-          uint32_t rg[4], rg8[4];
+          uint32_t rg[F::kKRegs], rg8[F::kKRegs];
           F::kunpack(w[2 * hc], rg);
           F::kunpack(w[2 * hc + 1], rg8);
 #pragma unroll
@@ -635,7 +635,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
             for (int nt = 0; nt < NT; ++nt) Y::mma(acc[nt], A, bq[nt][ks][0], bq[nt][ks][1]);
           }
           if (F::block_end(ch)) {
-            const int blk = F::block_of(ch);
+            const int blk = F::block_last(ch);
             if (kFoldEveryBlock || ((blk + 1) & bpg_mask) == 0) {  // fold the group's scale in
               const uint32_t gb = smt + uint32_t((blk >> lbpg) * 2);
               const float s0 = Y::to_f32(uint16_t(lds16(gb + rb_g)));
@@ -759,7 +759,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
         for (int hc = 0; hc < 2; ++hc) {
           const int ch = 2 * u + hc;
           if (FV::block_start(ch)) {
-            const int blk = FV::block_of(ch);
+            const int blk = FV::block_first(ch);
             if (blk == 0 || (blk & bpg_mask) == 0) {  // a new group: its scale and bias pairs
               const uint32_t go = prow + uint32_t((blk >> lbpg) * 2);
               s01 = lds16(svs + go) | (lds16(svs + go + pstep) << 16);
@@ -768,7 +768,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
               z89 = lds16(svz + go + p8) | (lds16(svz + go + p8 + pstep) << 16);
             }
           }
-          uint32_t ul[4], uh[4];
+          uint32_t ul[FV::kVRegs], uh[FV::kVRegs];
           FV::vunpack(w[2 * hc], s01, z01, ul);
           FV::vunpack(w[2 * hc + 1], s89, z89, uh);
 #pragma unroll

@@ -176,6 +176,40 @@ TEST(CudaAttention, MixedKeyValueBitsOnTensorCores) {
   EXPECT_EQ(n, 16);
 }
 
+// 2-bit caches (keys and values, groups of 64 or 128, D = 128 or 256) run on the tensor-core kernel:
+// one to 24 query rows per KV head (several row tiles), one and three rows per head, masks,
+// windows and sinks; each case is checked to reach that kernel, then held to the reference (and
+// the generic kernel with it). Groups of 32 and D = 64 stay on the generic kernel.
+TEST(CudaAttention, TwoBitOnTensorCores) {
+  QSDPA_REQUIRE_CUDA();
+  uint64_t seed = 9500;
+  int n = 0;
+  for (DType t : {DType::f16, DType::bf16})
+    for (int D : {128, 256})
+      for (int group : {64, 128})
+        for (int var = 0; var < 2; ++var) {
+          Case c;
+          c.dtype = t;
+          c.kf = c.vf = {2, group};
+          c.D = D;
+          c.B = 2, c.Hkv = 2;
+          c.Hq = (n % 3 == 0 ? 1 : n % 3 == 1 ? 4 : 8) * c.Hkv;
+          c.Lq = var ? 3 : 1;  // with 8 heads per KV head: 24 rows, three row tiles
+          c.N = n % 2 ? 1000 : 77 + 13 * n;
+          c.sinks = n % 3 == 1;
+          c.window = n % 5 == 4 ? 100 : 0;
+          if (n % 7 == 3) c.bool_mask = MaskKind::u8;
+          if (n % 7 == 5) c.float_mask = true;
+          c.seed = seed++;
+          ++n;
+          test::Problem h(c);
+          test::DeviceProblem d(h);
+          EXPECT_TRUE(cuda::uses_tensor_cores(d.params())) << c.str();
+          EXPECT_EQ(test::run_cuda_case(c), "") << c.str();
+        }
+  EXPECT_EQ(n, 16);
+}
+
 // The same with two n-tiles of query rows (more than 8 rows per KV head) for every type and head
 // dim that has them, and row tiles beyond the first (24 rows: two blocks of 16).
 TEST(CudaAttention, MixedKeyValueBitsTwoNTiles) {
@@ -446,6 +480,10 @@ TEST(CudaSanitize, Representative) {
   c = Case{};
   c.dtype = DType::f16, c.kf = {2, 64}, c.vf = {2, 32}, c.Hq = 2, c.Hkv = 2, c.N = 33, c.D = 64,
   c.bool_mask = MaskKind::u32;
+  cases.push_back(c);
+  c = Case{};  // 2 bits on the tensor cores
+  c.dtype = DType::bf16, c.kf = c.vf = {2, 64}, c.B = 2, c.Hq = 8, c.Hkv = 2, c.Lq = 2, c.N = 900, c.D = 128,
+  c.window = 300, c.sinks = true;
   cases.push_back(c);
   for (const Case& cs : cases) EXPECT_EQ(test::run_cuda_case(cs), "") << cs.str();
   {  // the tensor-core case again with its splits merged by the combine kernel, not a cluster

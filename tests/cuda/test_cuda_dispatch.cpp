@@ -40,18 +40,22 @@ TEST(CudaDispatch, TensorCoresTakeOneWidthOrEightBitKeysWithFourBitValues) {
     for (int64_t D : {64, 128, 256})
       for (int g : {32, 64, 128}) {
         if (D % g) continue;
-        for (auto [kb, vb] : {std::pair{4, 4}, std::pair{8, 8}, std::pair{8, 4}}) {
+        for (auto [kb, vb] : {std::pair{4, 4}, std::pair{8, 8}, std::pair{8, 4}, std::pair{2, 2}}) {
           const AttentionParams p = problem(t, kb, vb, g, g, D);
-          EXPECT_TRUE(cuda::uses_tensor_cores(p)) << name(p);
+          // 2 bits: groups of 64 or more and two 64-dim pieces per row at least
+          const bool want = kb != 2 || (g >= 64 && D >= 128);
+          EXPECT_EQ(cuda::uses_tensor_cores(p), want) << name(p);
         }
       }
 }
 
 TEST(CudaDispatch, GenericKernelTakesTheRest) {
-  // 4-bit keys with 8-bit values, 2-bit, different group sizes, f32, head dims it has no
-  // instantiation for: the generic kernel.
+  // 4-bit keys with 8-bit values, 2-bit with groups of 32 or D = 64, 2-bit with another width,
+  // different group sizes, f32, head dims it has no instantiation for: the generic kernel.
   for (const AttentionParams& p :
-       {problem(DType::f16, 4, 8, 64, 64, 128), problem(DType::f16, 2, 2, 64, 64, 128),
+       {problem(DType::f16, 4, 8, 64, 64, 128), problem(DType::f16, 2, 2, 32, 32, 128),
+        problem(DType::bf16, 2, 2, 64, 64, 64), problem(DType::f16, 2, 4, 64, 64, 128),
+        problem(DType::f16, 8, 2, 64, 64, 128),
         problem(DType::bf16, 8, 4, 64, 32, 128), problem(DType::f16, 8, 4, 128, 64, 128),
         problem(DType::f32, 4, 4, 64, 64, 128), problem(DType::f32, 8, 4, 64, 64, 128),
         problem(DType::f16, 4, 4, 32, 32, 96), problem(DType::f16, 8, 4, 64, 64, 512)})
@@ -68,7 +72,7 @@ TEST(CudaDispatch, MisalignedCacheGoesToTheGenericKernel) {
 TEST(CudaDispatch, PagedCaches) {
   alignas(16) static int32_t table[2 * 256] = {};
   for (int64_t page : {16, 32, 64, 256})
-    for (auto [kb, vb] : {std::pair{4, 4}, std::pair{8, 8}, std::pair{8, 4}}) {
+    for (auto [kb, vb] : {std::pair{4, 4}, std::pair{8, 8}, std::pair{8, 4}, std::pair{2, 2}}) {
       AttentionParams p = problem(DType::f16, kb, vb, 64, 64, 128);
       CacheLayout pages;
       pages.block_table = table;
@@ -86,7 +90,7 @@ TEST(CudaDispatch, LayoutInstantiations) {
   // pages of 32 or more); -1: not taken.
   alignas(16) static int32_t table[2 * 256] = {};
   alignas(16) static int32_t table2[2 * 256] = {};
-  for (auto [kb, vb] : {std::pair{4, 4}, std::pair{8, 8}, std::pair{8, 4}}) {
+  for (auto [kb, vb] : {std::pair{4, 4}, std::pair{8, 8}, std::pair{8, 4}, std::pair{2, 2}}) {
     AttentionParams p = problem(DType::f16, kb, vb, 64, 64, 128);
     EXPECT_EQ(cuda::tensor_core_layout(p), 0) << name(p) << " dense";
 

@@ -51,19 +51,23 @@ TEST_P(CudaServing, HostCases) {
 }
 INSTANTIATE_TEST_SUITE_P(Cases, CudaServing, ::testing::Range(0, int(serving_cases().size())));
 
-// Layouts the tensor-core kernel takes (f16 / bf16, K and V in one 4- or 8-bit format, or 8-bit
+// Layouts the tensor-core kernel takes (f16 / bf16, K and V in one 2-, 4- or 8-bit format, or 8-bit
 // keys with 4-bit values; token stride 1, pages of 16 to 256 tokens, 16 only with one layout for
 // K and V; capacities past N: every layout instantiation), with lengths, masks, windows and sinks.
 std::vector<ServingCase> mma_cases() {
   std::vector<ServingCase> v;
   uint64_t seed = 500;
-  for (int i = 0; i < 22; ++i) {  // (20: 8-bit keys, 4-bit values, 16-token pages)
+  for (int i = 0; i < 27; ++i) {  // (20: 8-bit keys, 4-bit values, 16-token pages)
     ServingCase s;
     s.c.dtype = i % 2 ? DType::bf16 : DType::f16;
     const QuantFormat f = i % 3 == 0 ? QuantFormat{4, 64} : i % 3 == 1 ? QuantFormat{8, 64} : QuantFormat{4, 32};
     s.c.kf = s.c.vf = f;
     if (i >= 16) s.c.kf = {8, f.group}, s.c.vf = {4, f.group};  // 8-bit keys, 4-bit values
     s.c.D = i % 4 == 3 ? 256 : i % 4 == 2 ? 64 : 128;
+    if (i >= 22) {  // 2 bits (groups of 64 or 128, D = 128 or 256), pages of 64, 128, 256, 16, 32
+      s.c.kf = s.c.vf = {2, i % 2 ? 128 : 64};
+      s.c.D = i % 4 == 3 ? 256 : 128;
+    }
     s.c.B = 3, s.c.Hkv = 2, s.c.Hq = i % 5 == 4 ? 2 : 8;
     s.c.N = 300 + 61 * i;
     s.c.Lq = i % 4 == 1 ? 4 : 1;
