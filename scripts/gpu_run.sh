@@ -152,6 +152,9 @@ if [ "${QSDPA_GPU_SERVING:-0}" = 1 ] && [ -x "$cli" ]; then
     "$cli" bench --backend cuda --no-torch --jsonl --kv-lens 1,17,100000 --paged 64
     "$cli" bench --backend cuda --no-torch --jsonl --B 8 --N 32768 --k-bits 8 --v-bits 4
     "$cli" bench --backend cuda --no-torch --jsonl --B 8 --N 32768 --k-bits 8 --v-bits 4 --paged 64
+    for pg in 0 16 64; do
+      "$cli" bench --backend cuda --no-torch --jsonl --B 8 --N 32768 --bits 2 --paged $pg
+    done
   } >"$out/serving.jsonl" 2>"$out/serving.log"
   say "serving bench: rc $? in $(($(elapsed) - t0)) s"
   t0=$(elapsed)
