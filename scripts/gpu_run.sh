@@ -8,7 +8,9 @@
 #
 # Everything lands in OUTDIR: summary.txt, bench.json, with QSDPA_GPU_SERVING=1 serving.jsonl and
 # cpu.txt, with QSDPA_GPU_NCU=1 ncu.txt, with QSDPA_GPU_TUNE tune.jsonl, and logs.tgz (build, ctest,
-# sanitizer, bench, nvidia-smi and the other logs; QSDPA_GPU_PACK=0 leaves them as plain files). Each step has a time limit taken from
+# sanitizer, bench, nvidia-smi and the other logs, with QSDPA_GPU_NCU_SOURCE=1 also the executed
+# instructions per SASS line of the headline kernel, ncu_source.csv; QSDPA_GPU_PACK=0 leaves them
+# as plain files). Each step has a time limit taken from
 # what is left of QSDPA_GPU_BUDGET seconds (default 450), so the run ends in time and summary.txt
 # always says what ran and what did not.
 set -uo pipefail
@@ -187,6 +189,21 @@ if [ "${QSDPA_GPU_NCU:-0}" = 1 ] && [ -x "$cli" ] && command -v ncu >/dev/null; 
   say "ncu: rc $? in $(($(elapsed) - t0)) s"
 fi
 
+# ---- executed instructions per SASS line of the headline 4-bit kernel (QSDPA_GPU_NCU_SOURCE=1):
+# where the issue slots of the token loop go (ncu_source.csv) ------------------------------------
+if [ "${QSDPA_GPU_NCU_SOURCE:-0}" = 1 ] && [ -x "$cli" ] && command -v ncu >/dev/null; then
+  t0=$(elapsed)
+  {
+    timeout "$(limit 90 20)" ncu --clock-control none -k regex:attention_kernel --launch-skip 12 --launch-count 1 \
+      --section SourceCounts --section InstructionStats -f -o "$out/ncu_src" \
+      "$cli" bench --backend cuda --no-torch --B 8 --N 32768 --bits 4 --iters 5 &&
+      ncu -i "$out/ncu_src.ncu-rep" --page source --csv --print-source sass >"$out/ncu_source.csv" &&
+      ncu -i "$out/ncu_src.ncu-rep" --page details --section InstructionStats >"$out/ncu_inst.txt"
+  } >"$out/ncu_source.log" 2>&1
+  say "ncu source counts: rc $? in $(($(elapsed) - t0)) s ($(wc -l <"$out/ncu_source.csv" 2>/dev/null || echo 0) lines)"
+  rm -f "$out/ncu_src.ncu-rep"
+fi
+
 # ---- tuning variants (QSDPA_GPU_TUNE='name=flags ...', rounds QSDPA_GPU_TUNE_ROUNDS) ----------
 if [ -n "${QSDPA_GPU_TUNE:-}" ]; then
   t0=$(elapsed)
@@ -199,7 +216,8 @@ fi
 say "total: $(elapsed) s"
 # At most 8 files come back from the GPU machine: the logs travel as one archive.
 if [ "${QSDPA_GPU_PACK:-1}" = 1 ]; then
-  (cd "$out" && for f in build.log ctest.log sanitizer.log bench.log nvidia-smi.txt serving.log tune.log; do
+  (cd "$out" && for f in build.log ctest.log sanitizer.log bench.log nvidia-smi.txt serving.log tune.log \
+    ncu_source.log ncu_source.csv ncu_inst.txt; do
     [ -f "$f" ] && echo "$f"; done | xargs -r tar czf logs.tgz --remove-files)
 fi
 exit 0  # (what ran and how it ended is in summary.txt)

@@ -345,6 +345,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
                                                                       : a.v_biases) +
                        (o_first - soff) + sc_lane_k * 16;
   const int nch = (soff + kTW * ng * 2 + 15) >> 4;  // 16-byte pieces of a full tile's span
+  constexpr int kSPL = (kSCB / 16 + 7) / 8;         // pieces of a span per lane, at most
   uint32_t so[kC], sov[kCV];  // swizzled destinations of the lane's pieces of K and of V rows
   piece_offsets(lane, so);
   piece_offsets(lane, sov);
@@ -391,9 +392,23 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
       copy_rows<kC, false>(sk, so, pk, a.k_packed, lane, left, d2 * kRB);
       copy_rows<kCV, false>(sv, sov, pv, a.v_packed, lane, left, d2 * kRBV);
     }
-    for (int k = sc_lane_k, j = 0; k < nch; k += 8, ++j) {
-      const int rest = vlen - 16 * k, n = rest <= 0 ? 0 : rest >= 16 ? 16 : rest;
-      cp_async16(sd + 128 * j, n > 0 ? ps + 128 * j + (half && k >= 2 * ng ? s2 : 0) : a.k_scales, n);
+    // (unrolled to the most pieces a lane can have: a runtime trip count cost ~60 instructions per
+    // tile for what is one or two copies)
+    if (left >= kTW && soff == 0) {  // a full tile whose spans start at 16 bytes: whole pieces
+#pragma unroll
+      for (int j = 0; j < kSPL; ++j) {
+        const int k = sc_lane_k + 8 * j;
+        if (k < nch) cp_async16(sd + 128 * j, ps + 128 * j + (half && k >= 2 * ng ? s2 : 0), 16);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kSPL; ++j) {
+        const int k = sc_lane_k + 8 * j;
+        if (k < nch) {
+          const int rest = vlen - 16 * k, n = rest <= 0 ? 0 : rest >= 16 ? 16 : rest;
+          cp_async16(sd + 128 * j, n > 0 ? ps + 128 * j + (half && k >= 2 * ng ? s2 : 0) : a.k_scales, n);
+        }
+      }
     }
   };
 
