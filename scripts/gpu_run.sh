@@ -176,6 +176,12 @@ if [ "${QSDPA_GPU_NCU:-0}" = 1 ] && [ -x "$cli" ] && command -v ncu >/dev/null; 
       --launch-skip 20 --launch-count 4 \
       --metrics gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,launch__grid_size,launch__registers_per_thread,launch__occupancy_limit_registers \
       "$cli" bench --backend cuda --no-torch --B 1 --N 4096 --bits 4 --iters 20
+    for shape in "--B 32 --N 4096" "--B 1 --N 131072"; do
+      echo "===== $shape 4-bit: per-kernel durations ====="
+      timeout "$(limit 60 20)" ncu --clock-control none -k regex:'attention_kernel|combine_kernel' \
+        --launch-skip 20 --launch-count 2 --metrics gpu__time_duration.sum,launch__grid_size \
+        "$cli" bench --backend cuda --no-torch $shape --bits 4 --iters 20
+    done
     echo "===== B=1 N=4096 4-bit: attention kernel, details ====="
     timeout "$(limit 60 20)" ncu --clock-control none -k regex:attention_kernel --launch-skip 20 --launch-count 1 \
       --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
@@ -195,7 +201,7 @@ if [ "${QSDPA_GPU_NCU_SOURCE:-0}" = 1 ] && [ -x "$cli" ] && command -v ncu >/dev
   t0=$(elapsed)
   {
     timeout "$(limit 90 20)" ncu --clock-control none -k regex:attention_kernel --launch-skip 12 --launch-count 1 \
-      --section SourceCounts --section InstructionStats -f -o "$out/ncu_src" \
+      --section SourceCounters --section InstructionStats -f -o "$out/ncu_src" \
       "$cli" bench --backend cuda --no-torch --B 8 --N 32768 --bits 4 --iters 5 &&
       ncu -i "$out/ncu_src.ncu-rep" --page source --csv --print-source sass >"$out/ncu_source.csv" &&
       ncu -i "$out/ncu_src.ncu-rep" --page details --section InstructionStats >"$out/ncu_inst.txt"

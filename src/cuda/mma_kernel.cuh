@@ -82,6 +82,12 @@ constexpr bool kFoldEveryBlock = QSDPA_MMA_FOLD_EVERY_BLOCK != 0;
 #define QSDPA_MMA_SCALE_LOOP 0
 #endif
 constexpr bool kScaleLoop = QSDPA_MMA_SCALE_LOOP != 0;
+// The value scale and bias pairs read at every 32-dim block (unconditionally, the same pairs again
+// inside a group) rather than behind a branch at group starts (a build-time knob for tuning runs).
+#ifndef QSDPA_MMA_VSCALE_EVERY
+#define QSDPA_MMA_VSCALE_EVERY 0
+#endif
+constexpr bool kVScaleEveryPiece = QSDPA_MMA_VSCALE_EVERY != 0;
 constexpr int kMinBlocksWide = QSDPA_MMA_MIN_BLOCKS_WIDE;
 
 // Keys of BITS bits, values of VBITS bits (the same group size).
@@ -786,7 +792,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
           const int ch = 2 * u + hc;
           if (FV::block_start(ch)) {
             const int blk = FV::block_first(ch);
-            if (blk == 0 || (blk & bpg_mask) == 0) {  // a new group: its scale and bias pairs
+            if (kVScaleEveryPiece || blk == 0 || (blk & bpg_mask) == 0) {  // a new group: its scale and bias pairs
               const uint32_t go = prow + uint32_t((blk >> lbpg) * 2);
               s01 = lds16(svs + go) | (lds16(svs + go + pstep) << 16);
               z01 = lds16(svz + go) | (lds16(svz + go + pstep) << 16);
