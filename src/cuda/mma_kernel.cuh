@@ -82,12 +82,21 @@ constexpr bool kFoldEveryBlock = QSDPA_MMA_FOLD_EVERY_BLOCK != 0;
 #define QSDPA_MMA_SCALE_LOOP 0
 #endif
 constexpr bool kScaleLoop = QSDPA_MMA_SCALE_LOOP != 0;
-// The value scale and bias pairs read at every 32-dim block (unconditionally, the same pairs again
-// inside a group) rather than behind a branch at group starts (a build-time knob for tuning runs).
+// Values of 2 or 4 bits: their scale and bias pairs read at every 32-dim block (unconditionally,
+// the same pairs again inside a group) rather than behind a branch at group starts. Measured on an
+// H200 (2026-12-01, run 25, same run): D=256 48.0 -> 46.6 us (4-bit), Lq=4 132.7 -> 128.9, 2-bit
+// 85.9 -> 84.7, headline 98.5 -> 98.8 (noise); at 8 bits it spilled 16 bytes and was 0.3 % slower,
+// so 8-bit values keep the branch. A build-time knob for tuning runs.
 #ifndef QSDPA_MMA_VSCALE_EVERY
-#define QSDPA_MMA_VSCALE_EVERY 0
+#define QSDPA_MMA_VSCALE_EVERY 1
 #endif
 constexpr bool kVScaleEveryPiece = QSDPA_MMA_VSCALE_EVERY != 0;
+// Tuning only: the group size as a compile-time constant for every call (-DQSDPA_MMA_FIXED_GROUP=64
+// gives wrong results for other group sizes; it measures what a constant group would gain).
+#ifndef QSDPA_MMA_FIXED_GROUP
+#define QSDPA_MMA_FIXED_GROUP 0
+#endif
+constexpr int kFixedGroup = QSDPA_MMA_FIXED_GROUP;
 constexpr int kMinBlocksWide = QSDPA_MMA_MIN_BLOCKS_WIDE;
 
 // Keys of BITS bits, values of VBITS bits (the same group size).
@@ -291,7 +300,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
   // sits at position n - lq + i; rows i >= lq are padding that sees no key.
   const int64_t n = detail::seq_kv_len(a.kv_lens, b, N);
   const int lq = int(detail::seq_q_len(a.q_lens, b, Lq, n));
-  const int G = a.k_group, ng = D / G, lbpg = G == 32 ? 0 : G == 64 ? 1 : 2, bpg_mask = (1 << lbpg) - 1;
+  const int G = kFixedGroup ? kFixedGroup : a.k_group, ng = D / G, lbpg = G == 32 ? 0 : G == 64 ? 1 : 2, bpg_mask = (1 << lbpg) - 1;
   const int64_t rows_total = a.B * a.Hq * a.Lq;
 
   // ---- this block's tokens; tiles before the sliding window of every row are skipped --------
@@ -792,7 +801,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
           const int ch = 2 * u + hc;
           if (FV::block_start(ch)) {
             const int blk = FV::block_first(ch);
-            if (kVScaleEveryPiece || blk == 0 || (blk & bpg_mask) == 0) {  // a new group: its scale and bias pairs
+            if ((kVScaleEveryPiece && VBITS != 8) || blk == 0 || (blk & bpg_mask) == 0) {  // a new group's pairs
               const uint32_t go = prow + uint32_t((blk >> lbpg) * 2);
               s01 = lds16(svs + go) | (lds16(svs + go + pstep) << 16);
               z01 = lds16(svz + go) | (lds16(svz + go + pstep) << 16);
