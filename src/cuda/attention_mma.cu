@@ -48,33 +48,55 @@ int layout_kind(const AttnArgs& a) {
   return mmak::kAny;
 }
 
-// Calls fn.template operator()<LAYOUT>() for the layout instantiation that reads `a` (the
-// cluster-merge one when a.cluster: contiguous caches only, mma_max_clusters).
+// Whether `a` takes the instantiations with the group size as a constant (mmak::kGroupFixed):
+// groups of 64, D = 128 or 256, a layout other than kAny, and a build and a device with sm_90a.
+bool fixed_group(const AttnArgs& a) {
+#if QSDPA_HAVE_G64
+  return a.sm90a && a.k_group == mmak::kGroupFixed && (a.D == 128 || a.D == 256) && layout_kind(a) != mmak::kAny;
+#else
+  (void)a;
+  return false;
+#endif
+}
+
+// Calls fn.template operator()<LAYOUT, GC>() for the instantiation that reads `a`: its layout (the
+// cluster-merge one when a.cluster: contiguous caches only, mma_max_clusters) and its group size
+// (fixed_group).
 template <class Fn>
 auto with_layout(const AttnArgs& a, Fn&& fn) {
-  if (a.cluster) return fn.template operator()<mmak::kContigCluster>();
-  switch (layout_kind(a)) {
-    case mmak::kContig: return fn.template operator()<mmak::kContig>();
-    case mmak::kPaged: return fn.template operator()<mmak::kPaged>();
-    case mmak::kPaged16: return fn.template operator()<mmak::kPaged16>();
-    default: return fn.template operator()<mmak::kAny>();
-  }
+  const auto pick = [&]<int GC>() {
+    if (a.cluster) return fn.template operator()<mmak::kContigCluster, GC>();
+    switch (layout_kind(a)) {
+      case mmak::kContig: return fn.template operator()<mmak::kContig, GC>();
+      case mmak::kPaged: return fn.template operator()<mmak::kPaged, GC>();
+      case mmak::kPaged16: return fn.template operator()<mmak::kPaged16, GC>();
+      default: return fn.template operator()<mmak::kAny, 0>();
+    }
+  };
+#if QSDPA_HAVE_G64
+  if (fixed_group(a)) return pick.template operator()<mmak::kGroupFixed>();
+#endif
+  return pick.template operator()<0>();
 }
 
 template <bool MIXED>
 int resident_for(const AttnArgs& a) {
-  return with_layout(a, [&]<int L>() { return mmad::resident<L, MIXED>(a); });
+  return with_layout(a, [&]<int L, int GC>() { return mmad::resident<L, MIXED, GC>(a); });
 }
 
 // (contiguous caches only: the cluster merge has instantiations of kContig alone)
 template <bool MIXED>
 int cluster_for(const AttnArgs& a, int splits) {
-  return layout_kind(a) == mmak::kContig ? mmad::cluster_ok<mmak::kContigCluster, MIXED>(a, splits) : 0;
+  if (layout_kind(a) != mmak::kContig) return 0;
+#if QSDPA_HAVE_G64
+  if (fixed_group(a)) return mmad::cluster_ok<mmak::kContigCluster, MIXED, mmak::kGroupFixed>(a, splits);
+#endif
+  return mmad::cluster_ok<mmak::kContigCluster, MIXED, 0>(a, splits);
 }
 
 template <bool MIXED>
 cudaError_t launch_for(const AttnArgs& a, cudaStream_t s) {
-  return with_layout(a, [&]<int L>() { return mmad::launch<L, MIXED>(a, s); });
+  return with_layout(a, [&]<int L, int GC>() { return mmad::launch<L, MIXED, GC>(a, s); });
 }
 
 }  // namespace
@@ -105,6 +127,8 @@ int64_t mma_row_tiles(const AttnArgs& a) {
 }
 
 int mma_layout_kind(const AttnArgs& a) { return mma_supports(a) ? layout_kind(a) : -1; }
+
+bool mma_fixed_group(const AttnArgs& a) { return mma_supports(a) && fixed_group(a); }
 
 int mma_max_clusters(const AttnArgs& a, int splits) {
   if (!mma_supports(a) || splits < 1 || splits > mmak::kMaxClusterSplits) return 0;

@@ -19,6 +19,9 @@ bool mma_supports(const AttnArgs& a);
 // The layout instantiation that reads a's caches (mmak::kContig, kPaged, kPaged16 or kAny), -1 when
 // mma_supports(a) is false.
 int mma_layout_kind(const AttnArgs& a);
+// Whether `a` runs on the instantiations with the group size 64 as a constant (sm_90a builds and
+// devices of compute capability 9.0; AttnArgs::sm90a).
+bool mma_fixed_group(const AttnArgs& a);
 
 // Token granularity of the splits: the dispatcher makes a.chunk a multiple of this.
 int mma_token_tile(const AttnArgs& a);

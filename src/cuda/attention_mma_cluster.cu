@@ -3,7 +3,7 @@
 #include "mma_dispatch_impl.cuh"
 
 namespace qsdpa::cuda::mmad {
-template cudaError_t launch<mmak::kContigCluster, false>(const AttnArgs&, cudaStream_t);
-template int resident<mmak::kContigCluster, false>(const AttnArgs&);
-template int cluster_ok<mmak::kContigCluster, false>(const AttnArgs&, int);
+template cudaError_t launch<mmak::kContigCluster, false, 0>(const AttnArgs&, cudaStream_t);
+template int resident<mmak::kContigCluster, false, 0>(const AttnArgs&);
+template int cluster_ok<mmak::kContigCluster, false, 0>(const AttnArgs&, int);
 }  // namespace qsdpa::cuda::mmad

@@ -3,7 +3,7 @@
 #include "mma_dispatch_impl.cuh"
 
 namespace qsdpa::cuda::mmad {
-template cudaError_t launch<mmak::kContigCluster, true>(const AttnArgs&, cudaStream_t);
-template int resident<mmak::kContigCluster, true>(const AttnArgs&);
-template int cluster_ok<mmak::kContigCluster, true>(const AttnArgs&, int);
+template cudaError_t launch<mmak::kContigCluster, true, 0>(const AttnArgs&, cudaStream_t);
+template int resident<mmak::kContigCluster, true, 0>(const AttnArgs&);
+template int cluster_ok<mmak::kContigCluster, true, 0>(const AttnArgs&, int);
 }  // namespace qsdpa::cuda::mmad

@@ -3,10 +3,10 @@
 #include "mma_dispatch_impl.cuh"
 
 namespace qsdpa::cuda::mmad {
-template cudaError_t launch<mmak::kContig, true>(const AttnArgs&, cudaStream_t);
-template cudaError_t launch<mmak::kPaged, true>(const AttnArgs&, cudaStream_t);
-template int resident<mmak::kContig, true>(const AttnArgs&);
-template int cluster_ok<mmak::kContig, true>(const AttnArgs&, int);
-template int resident<mmak::kPaged, true>(const AttnArgs&);
-template int cluster_ok<mmak::kPaged, true>(const AttnArgs&, int);
+template cudaError_t launch<mmak::kContig, true, 0>(const AttnArgs&, cudaStream_t);
+template cudaError_t launch<mmak::kPaged, true, 0>(const AttnArgs&, cudaStream_t);
+template int resident<mmak::kContig, true, 0>(const AttnArgs&);
+template int cluster_ok<mmak::kContig, true, 0>(const AttnArgs&, int);
+template int resident<mmak::kPaged, true, 0>(const AttnArgs&);
+template int cluster_ok<mmak::kPaged, true, 0>(const AttnArgs&, int);
 }  // namespace qsdpa::cuda::mmad

@@ -3,10 +3,10 @@
 #include "mma_dispatch_impl.cuh"
 
 namespace qsdpa::cuda::mmad {
-template cudaError_t launch<mmak::kPaged16, true>(const AttnArgs&, cudaStream_t);
-template cudaError_t launch<mmak::kAny, true>(const AttnArgs&, cudaStream_t);
-template int resident<mmak::kPaged16, true>(const AttnArgs&);
-template int cluster_ok<mmak::kPaged16, true>(const AttnArgs&, int);
-template int resident<mmak::kAny, true>(const AttnArgs&);
-template int cluster_ok<mmak::kAny, true>(const AttnArgs&, int);
+template cudaError_t launch<mmak::kPaged16, true, 0>(const AttnArgs&, cudaStream_t);
+template cudaError_t launch<mmak::kAny, true, 0>(const AttnArgs&, cudaStream_t);
+template int resident<mmak::kPaged16, true, 0>(const AttnArgs&);
+template int cluster_ok<mmak::kPaged16, true, 0>(const AttnArgs&, int);
+template int resident<mmak::kAny, true, 0>(const AttnArgs&);
+template int cluster_ok<mmak::kAny, true, 0>(const AttnArgs&, int);
 }  // namespace qsdpa::cuda::mmad

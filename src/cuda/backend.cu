@@ -71,6 +71,7 @@ Status cuda_status(cudaError_t e, const char* what) {
 struct DeviceFacts {
   int sms = 0;
   int cc_major = 0;
+  int cc_minor = 0;
   bool pageable_access = false;  // the device can read pageable host memory (HMM / ATS)
 };
 
@@ -91,6 +92,8 @@ Status device_facts(int dev, DeviceFacts* out) {
   f.pageable_access = pageable != 0;
   if (cudaError_t e = cudaDeviceGetAttribute(&f.cc_major, cudaDevAttrComputeCapabilityMajor, dev); e != cudaSuccess)
     return cuda_status(e, "cudaDeviceGetAttribute(computeCapabilityMajor)");
+  if (cudaError_t e = cudaDeviceGetAttribute(&f.cc_minor, cudaDevAttrComputeCapabilityMinor, dev); e != cudaSuccess)
+    return cuda_status(e, "cudaDeviceGetAttribute(computeCapabilityMinor)");
   cache[dev] = f;
   *out = f;
   return Status{};
@@ -230,7 +233,9 @@ bool use_tensor_cores(const AttnArgs& a) {
 // SM)) from the kernel's occupancy. The plan takes the number of splits that minimizes it (the
 // fewest on a tie): one full wave when the (b, KV head) pairs are few, a whole number of waves
 // otherwise.
-Plan make_plan(AttnArgs& a, int sms, bool allow_mma = true) {
+Plan make_plan(AttnArgs& a, const DeviceFacts& f, bool allow_mma = true) {
+  const int sms = f.sms;
+  a.sm90a = f.cc_major == 9 && f.cc_minor == 0;  // (sm_90a code runs on 9.0 alone)
   Plan plan;
   plan.use_mma = allow_mma && use_tensor_cores(a);
   int64_t tile = cuda::kGenericTokenTile, min_tokens = kMinSplitTokensGeneric, units = a.plan_b * a.Hkv;
@@ -450,7 +455,7 @@ size_t cuda_attention_workspace_size(const AttentionParams& p) {
   if (!device_facts(dev, &f)) return 0;
   DeviceGuard guard(dev);  // the occupancy queries of the plan ask the current device
   AttnArgs a = make_args(p);
-  return make_plan(a, f.sms).workspace;
+  return make_plan(a, f).workspace;
 }
 
 namespace {
@@ -491,7 +496,7 @@ Status run_attention(const AttentionParams& p, bool allow_mma) {
   DeviceFacts f;
   if (Status s = device_facts(dev, &f); !s) return s;
   AttnArgs a = make_args(p);
-  const Plan plan = make_plan(a, f.sms, allow_mma);
+  const Plan plan = make_plan(a, f, allow_mma);
   if (!plan.use_mma && int64_t(a.num_splits) * a.B * a.Hkv * cuda::generic_row_tiles(a) > INT32_MAX)
     return error(StatusCode::unsupported,
                  "B * Hkv * ceil(Hq / Hkv * Lq / rows per block) (" + std::to_string(a.B * a.Hkv) + " * " +
@@ -599,9 +604,22 @@ bool qsdpa::cuda::uses_cluster_merge(const AttentionParams& p) {
   detail::DeviceFacts f;
   if (!detail::device_facts(dev, &f)) return false;
   qsdpa::cuda::AttnArgs a = detail::make_args(p);
-  const detail::Plan plan = detail::make_plan(a, f.sms);
+  const detail::Plan plan = detail::make_plan(a, f);
   return plan.use_mma && detail::cluster_merge(a, f);
 }
+
+bool qsdpa::cuda::uses_fixed_group(const AttentionParams& p, bool sm90a) {
+#if QSDPA_HAVE_MMA
+  qsdpa::cuda::AttnArgs a = detail::make_args(p);
+  a.sm90a = sm90a ? 1 : 0;
+  return cuda::mma_fixed_group(a);
+#else
+  (void)p, (void)sm90a;
+  return false;
+#endif
+}
+
+bool qsdpa::cuda::fixed_group_build() { return QSDPA_HAVE_MMA && QSDPA_HAVE_G64; }
 
 int qsdpa::cuda::tensor_core_layout(const AttentionParams& p) {
 #if QSDPA_HAVE_MMA

@@ -5,7 +5,8 @@
 // attention_mma_paged16.cu) and the other layouts (kAny, attention_mma_layout.cu); 8-bit keys
 // with 4-bit values for all four (attention_mma_mixed.cu, attention_mma_mixed_any.cu); and
 // contiguous caches merging in clusters (kContigCluster, attention_mma_cluster.cu and
-// attention_mma_cluster_mixed.cu).
+// attention_mma_cluster_mixed.cu); and, for sm_90a, the same with the group size 64 as a constant
+// for the layouts kContig, kPaged, kPaged16 and kContigCluster (g64/*.cu, compiled for sm_90a alone).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -34,33 +35,37 @@ constexpr bool kKeyDenorm = true;
 inline int n_tiles(const AttnArgs& a) { return (a.Hq / a.Hkv * a.Lq > 8 && a.D <= 128 && a.k_bits != 2) ? 2 : 1; }
 
 // Launches the instantiation for `a` (which mma_supports() accepted) with the layout LAYOUT
-// (mmak::kContig, kPaged, kPaged16 or kAny): keys and values of one bit width (MIXED = false), or 8-bit
-// keys with 4-bit values (MIXED = true).
-template <int LAYOUT, bool MIXED>
+// (mmak::kContig, kPaged, kPaged16, kAny or kContigCluster): keys and values of one bit width
+// (MIXED = false), or 8-bit keys with 4-bit values (MIXED = true); GC: the group size as a constant
+// (mmak::kGroupFixed: groups of 64, D = 128 or 256, sm_90a only, the translation units under g64/)
+// or 0 (the call's group size).
+template <int LAYOUT, bool MIXED, int GC>
 cudaError_t launch(const AttnArgs& a, cudaStream_t s);
 // Blocks of that same instantiation that fit on one multiprocessor (cached per device).
-template <int LAYOUT, bool MIXED>
+template <int LAYOUT, bool MIXED, int GC>
 int resident(const AttnArgs& a);
 
 // Clusters of `splits` blocks of that instantiation that can be resident at once (0: none;
 // AttnArgs::cluster; cached per device and size).
-template <int LAYOUT, bool MIXED>
+template <int LAYOUT, bool MIXED, int GC>
 int cluster_ok(const AttnArgs& a, int splits);
 
-#define QSDPA_MMAD_EXTERN(L, M)                                             \
-  extern template cudaError_t launch<L, M>(const AttnArgs&, cudaStream_t); \
-  extern template int resident<L, M>(const AttnArgs&);                     \
-  extern template int cluster_ok<L, M>(const AttnArgs&, int);
-QSDPA_MMAD_EXTERN(0, false)
-QSDPA_MMAD_EXTERN(1, false)
-QSDPA_MMAD_EXTERN(2, false)
-QSDPA_MMAD_EXTERN(0, true)
-QSDPA_MMAD_EXTERN(1, true)
-QSDPA_MMAD_EXTERN(2, true)
-QSDPA_MMAD_EXTERN(3, false)
-QSDPA_MMAD_EXTERN(3, true)
-QSDPA_MMAD_EXTERN(4, false)
-QSDPA_MMAD_EXTERN(4, true)
+#define QSDPA_MMAD_EXTERN(L, M, G)                                             \
+  extern template cudaError_t launch<L, M, G>(const AttnArgs&, cudaStream_t); \
+  extern template int resident<L, M, G>(const AttnArgs&);                     \
+  extern template int cluster_ok<L, M, G>(const AttnArgs&, int);
+#define QSDPA_MMAD_EXTERN_BOTH(L, G) QSDPA_MMAD_EXTERN(L, false, G) QSDPA_MMAD_EXTERN(L, true, G)
+QSDPA_MMAD_EXTERN_BOTH(0, 0)
+QSDPA_MMAD_EXTERN_BOTH(1, 0)
+QSDPA_MMAD_EXTERN_BOTH(2, 0)
+QSDPA_MMAD_EXTERN_BOTH(3, 0)
+QSDPA_MMAD_EXTERN_BOTH(4, 0)
+// (defined only where the build has sm_90a: QSDPA_HAVE_G64)
+QSDPA_MMAD_EXTERN_BOTH(0, 64)
+QSDPA_MMAD_EXTERN_BOTH(1, 64)
+QSDPA_MMAD_EXTERN_BOTH(3, 64)
+QSDPA_MMAD_EXTERN_BOTH(4, 64)
+#undef QSDPA_MMAD_EXTERN_BOTH
 #undef QSDPA_MMAD_EXTERN
 
 }  // namespace qsdpa::cuda::mmad

@@ -19,11 +19,16 @@ namespace impl {
 // one switch from runtime values to template parameters, shared by the launch and the occupancy
 // query so that both always name the same kernel. D is 64, 128 or 256 (2 bits: 128 or 256;
 // mma_supports).
-template <bool MIXED, class Fn>
+// GC != 0 (a constant group size): D is 128 or 256 only.
+template <bool MIXED, int GC, class Fn>
 auto visit(const AttnArgs& a, Fn&& fn) {
   const auto d = [&]<class T, int BITS, int VBITS>() {
     const bool two = n_tiles(a) == 2;
-    if constexpr (BITS == 2) {  // D = 128 or 256, one n-tile (mma_supports, n_tiles)
+    if constexpr (GC != 0 && BITS != 2) {
+      if (a.D == 128)
+        return two ? fn.template operator()<T, BITS, VBITS, 128, 2>() : fn.template operator()<T, BITS, VBITS, 128, 1>();
+      return fn.template operator()<T, BITS, VBITS, 256, 1>();
+    } else if constexpr (BITS == 2) {  // D = 128 or 256, one n-tile (mma_supports, n_tiles)
       return a.D == 128 ? fn.template operator()<T, 2, 2, 128, 1>() : fn.template operator()<T, 2, 2, 256, 1>();
     } else {
       switch (a.D) {
@@ -50,16 +55,16 @@ auto visit(const AttnArgs& a, Fn&& fn) {
 
 }  // namespace impl
 
-template <int LAYOUT, bool MIXED>
+template <int LAYOUT, bool MIXED, int GC>
 cudaError_t launch(const AttnArgs& a, cudaStream_t s) {
-  return impl::visit<MIXED>(a, [&]<class T, int BITS, int VBITS, int D, int NT>() {
-    return mmak::launch<T, BITS, VBITS, D, NT, kKeyDenorm, kStages, LAYOUT>(a, s);
+  return impl::visit<MIXED, GC>(a, [&]<class T, int BITS, int VBITS, int D, int NT>() {
+    return mmak::launch<T, BITS, VBITS, D, NT, kKeyDenorm, kStages, LAYOUT, GC>(a, s);
   });
 }
 
-template <int LAYOUT, bool MIXED>
+template <int LAYOUT, bool MIXED, int GC>
 int resident(const AttnArgs& a) {
-  return impl::visit<MIXED>(a, [&]<class T, int BITS, int VBITS, int D, int NT>() {
+  return impl::visit<MIXED, GC>(a, [&]<class T, int BITS, int VBITS, int D, int NT>() {
     using S = mmak::Shape<T, BITS, VBITS, D, NT, kKeyDenorm, kStages>;
     static std::mutex mu;
     static std::map<int, int> cache;  // device -> blocks per SM, for this instantiation
@@ -70,7 +75,7 @@ int resident(const AttnArgs& a) {
     }
     std::lock_guard<std::mutex> lock(mu);
     if (auto it = cache.find(dev); it != cache.end()) return it->second;
-    auto* kern = mmak::attention_kernel<T, BITS, VBITS, D, NT, kKeyDenorm, kStages, LAYOUT>;
+    auto* kern = mmak::attention_kernel<T, BITS, VBITS, D, NT, kKeyDenorm, kStages, LAYOUT, GC>;
     int n = 0;
     if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem) != cudaSuccess ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, mmak::kWarps * 32, S::kSmem) != cudaSuccess) {
@@ -83,9 +88,9 @@ int resident(const AttnArgs& a) {
   });
 }
 
-template <int LAYOUT, bool MIXED>
+template <int LAYOUT, bool MIXED, int GC>
 int cluster_ok(const AttnArgs& a, int splits) {
-  return impl::visit<MIXED>(a, [&]<class T, int BITS, int VBITS, int D, int NT>() {
+  return impl::visit<MIXED, GC>(a, [&]<class T, int BITS, int VBITS, int D, int NT>() {
     static std::mutex mu;
     static std::map<std::pair<int, int>, int> cache;  // (device, splits) -> clusters
     int dev = 0;
@@ -96,10 +101,18 @@ int cluster_ok(const AttnArgs& a, int splits) {
     std::lock_guard<std::mutex> lock(mu);
     const std::pair<int, int> key{dev, splits};
     if (auto it = cache.find(key); it != cache.end()) return it->second;
-    const int n = mmak::cluster_fits<T, BITS, VBITS, D, NT, kKeyDenorm, kStages, LAYOUT>(splits);
+    const int n = mmak::cluster_fits<T, BITS, VBITS, D, NT, kKeyDenorm, kStages, LAYOUT, GC>(splits);
     cache[key] = n;
     return n;
   });
 }
 
 }  // namespace qsdpa::cuda::mmad
+
+// The explicit instantiations of one layout, format and group choice (the translation units).
+#define QSDPA_MMAD_INSTANTIATE(L, M, G)                                 \
+  namespace qsdpa::cuda::mmad {                                         \
+  template cudaError_t launch<L, M, G>(const AttnArgs&, cudaStream_t); \
+  template int resident<L, M, G>(const AttnArgs&);                     \
+  template int cluster_ok<L, M, G>(const AttnArgs&, int);              \
+  }

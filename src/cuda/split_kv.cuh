@@ -19,6 +19,12 @@
 #include "../core/layout.hpp"
 #include "qsdpa/qsdpa.hpp"
 
+// 1 where the build has the tensor-core kernel's sm_90a instantiations with a constant group size
+// (src/cuda/g64/, src/CMakeLists.txt).
+#ifndef QSDPA_HAVE_G64
+#define QSDPA_HAVE_G64 0
+#endif
+
 namespace qsdpa::cuda {
 
 // Device-side view of AttentionParams (plain values, passed by value to kernels).
@@ -63,6 +69,9 @@ struct AttnArgs {
   // and merge in the tensor-core kernel through distributed shared memory, which writes `out` as
   // the combine kernel would (no partials, no combine launch).
   int cluster;
+  // 1: the device runs sm_90a code (compute capability 9.0): the tensor-core kernel may take its
+  // instantiations with a constant group size (attention_mma.cu, fixed_group).
+  int sm90a;
   int64_t plan_b;  // (host only) sequences the split planner assumes: B, or the batch's tokens / N
 };
 

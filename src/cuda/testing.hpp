@@ -26,4 +26,10 @@ bool uses_cluster_merge(const AttentionParams& p);
 // other layout; -1 when the tensor-core kernel does not take p.
 int tensor_core_layout(const AttentionParams& p);
 
+// Whether the tensor-core kernel would take its instantiations with the group size 64 as a
+// constant for p, on a device that runs sm_90a code (sm90a) or not; false when the build has none
+// (fixed_group_build() false: no sm_90a among the CUDA architectures).
+bool uses_fixed_group(const AttentionParams& p, bool sm90a);
+bool fixed_group_build();
+
 }  // namespace qsdpa::cuda

@@ -126,3 +126,41 @@ TEST(CudaDispatch, LayoutInstantiations) {
     }
   }
 }
+
+TEST(CudaDispatch, FixedGroupInstantiations) {
+  // The instantiations with the group size 64 as a constant: groups of 64 with D = 128 or 256, on
+  // devices that run sm_90a code, in every layout but kAny (K and V in different layouts); never
+  // without sm_90a, nor where the build has none.
+  alignas(16) static int32_t table[2 * 256] = {};
+  alignas(16) static int32_t table2[2 * 256] = {};
+  int n = 0;
+  for (DType t : {DType::f16, DType::bf16})
+    for (int64_t D : {64, 128, 256})
+      for (int g : {32, 64, 128}) {
+        if (D % g) continue;
+        for (auto [kb, vb] : {std::pair{4, 4}, std::pair{8, 8}, std::pair{8, 4}, std::pair{2, 2}}) {
+          AttentionParams p = problem(t, kb, vb, g, g, D);
+          if (!cuda::uses_tensor_cores(p)) continue;
+          const bool want = cuda::fixed_group_build() && g == 64 && D >= 128;
+          EXPECT_EQ(cuda::uses_fixed_group(p, true), want) << name(p);
+          EXPECT_FALSE(cuda::uses_fixed_group(p, false)) << name(p);
+          for (int64_t page : {16, 64}) {
+            CacheLayout pages;
+            pages.block_table = table;
+            pages.block_table_stride = 256;
+            pages.page_size = page;
+            p.k.layout = p.v.layout = pages;
+            EXPECT_EQ(cuda::uses_fixed_group(p, true), want) << name(p) << " pages of " << page;
+            if (page >= 32) {
+              CacheLayout other = pages;
+              other.block_table = table2;
+              p.v.layout = other;  // two block tables: the general-layout kernel, runtime group
+              EXPECT_FALSE(cuda::uses_fixed_group(p, true)) << name(p) << " two tables";
+            }
+            p.k.layout = p.v.layout = CacheLayout{};
+          }
+          ++n;
+        }
+      }
+  EXPECT_GT(n, 40);
+}
