@@ -2,11 +2,5 @@
 // other layouts (mmak::kPaged16, kAny; mma_dispatch.cuh).
 #include "mma_dispatch_impl.cuh"
 
-namespace qsdpa::cuda::mmad {
-template cudaError_t launch<mmak::kPaged16, true, 0>(const AttnArgs&, cudaStream_t);
-template cudaError_t launch<mmak::kAny, true, 0>(const AttnArgs&, cudaStream_t);
-template int resident<mmak::kPaged16, true, 0>(const AttnArgs&);
-template int cluster_ok<mmak::kPaged16, true, 0>(const AttnArgs&, int);
-template int resident<mmak::kAny, true, 0>(const AttnArgs&);
-template int cluster_ok<mmak::kAny, true, 0>(const AttnArgs&, int);
-}  // namespace qsdpa::cuda::mmad
+QSDPA_MMAD_INSTANTIATE(qsdpa::cuda::mmak::kPaged16, true, 0)
+QSDPA_MMAD_INSTANTIATE(qsdpa::cuda::mmak::kAny, true, 0)

@@ -2,8 +2,4 @@
 // mma_dispatch.cuh).
 #include "mma_dispatch_impl.cuh"
 
-namespace qsdpa::cuda::mmad {
-template cudaError_t launch<mmak::kPaged16, false, 0>(const AttnArgs&, cudaStream_t);
-template int resident<mmak::kPaged16, false, 0>(const AttnArgs&);
-template int cluster_ok<mmak::kPaged16, false, 0>(const AttnArgs&, int);
-}  // namespace qsdpa::cuda::mmad
+QSDPA_MMAD_INSTANTIATE(qsdpa::cuda::mmak::kPaged16, false, 0)

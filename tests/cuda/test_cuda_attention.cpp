@@ -142,6 +142,36 @@ TEST(CudaAttention, BitsGroupsTypesProduct) {
       }
 }
 
+namespace {
+
+// Case n of a sweep over one format: B = 2, Hkv = 2, one, four or eight query heads per KV head,
+// and sinks, a window and masks in turn (the caller sets Lq and N).
+Case varied_case(int n, DType t, QuantFormat kf, QuantFormat vf, int D, uint64_t seed) {
+  Case c;
+  c.dtype = t;
+  c.kf = kf;
+  c.vf = vf;
+  c.D = D;
+  c.B = 2, c.Hkv = 2;
+  c.Hq = (n % 3 == 0 ? 1 : n % 3 == 1 ? 4 : 8) * c.Hkv;
+  c.sinks = n % 3 == 1;
+  c.window = n % 5 == 4 ? 100 : 0;
+  if (n % 7 == 3) c.bool_mask = MaskKind::u8;
+  if (n % 7 == 5) c.float_mask = true;
+  c.seed = seed;
+  return c;
+}
+
+// The case reaches the tensor-core kernel, and it (and the generic kernel) match the reference.
+void expect_tensor_cores_and_reference(const Case& c) {
+  test::Problem h(c);
+  test::DeviceProblem d(h);
+  EXPECT_TRUE(cuda::uses_tensor_cores(d.params())) << c.str();
+  EXPECT_EQ(test::run_cuda_case(c), "") << c.str();
+}
+
+}  // namespace
+
 // 8-bit keys with 4-bit values (one group size) run on the tensor-core kernel: every head dim and
 // group it takes, one and two n-tiles of query rows, with masks, windows and sinks; each case is
 // checked to reach that kernel, then held to the reference (and the generic kernel with it).
@@ -153,25 +183,11 @@ TEST(CudaAttention, MixedKeyValueBitsOnTensorCores) {
     for (int D : {64, 128, 256})
       for (int group : {32, 64, 128}) {
         if (D % group) continue;
-        Case c;
-        c.dtype = t;
-        c.kf = {8, group};
-        c.vf = {4, group};
-        c.D = D;
-        c.B = 2, c.Hkv = 2;
-        c.Hq = (n % 3 == 0 ? 1 : n % 3 == 1 ? 4 : 8) * c.Hkv;  // > 8 rows (8 x 3): two n-tiles, D <= 128
+        Case c = varied_case(n, t, {8, group}, {4, group}, D, seed++);  // > 8 rows: two n-tiles, D <= 128
         c.Lq = n % 4 == 2 ? 3 : 1;
         c.N = n % 2 ? 1000 : 77;
-        c.sinks = n % 3 == 1;
-        c.window = n % 5 == 4 ? 100 : 0;
-        if (n % 7 == 3) c.bool_mask = MaskKind::u8;
-        if (n % 7 == 5) c.float_mask = true;
-        c.seed = seed++;
         ++n;
-        test::Problem h(c);
-        test::DeviceProblem d(h);
-        EXPECT_TRUE(cuda::uses_tensor_cores(d.params())) << c.str();
-        EXPECT_EQ(test::run_cuda_case(c), "") << c.str();
+        expect_tensor_cores_and_reference(c);
       }
   EXPECT_EQ(n, 16);
 }
@@ -188,24 +204,11 @@ TEST(CudaAttention, TwoBitOnTensorCores) {
     for (int D : {128, 256})
       for (int group : {64, 128})
         for (int var = 0; var < 2; ++var) {
-          Case c;
-          c.dtype = t;
-          c.kf = c.vf = {2, group};
-          c.D = D;
-          c.B = 2, c.Hkv = 2;
-          c.Hq = (n % 3 == 0 ? 1 : n % 3 == 1 ? 4 : 8) * c.Hkv;
+          Case c = varied_case(n, t, {2, group}, {2, group}, D, seed++);
           c.Lq = var ? 3 : 1;  // with 8 heads per KV head: 24 rows, three row tiles
           c.N = n % 2 ? 1000 : 77 + 13 * n;
-          c.sinks = n % 3 == 1;
-          c.window = n % 5 == 4 ? 100 : 0;
-          if (n % 7 == 3) c.bool_mask = MaskKind::u8;
-          if (n % 7 == 5) c.float_mask = true;
-          c.seed = seed++;
           ++n;
-          test::Problem h(c);
-          test::DeviceProblem d(h);
-          EXPECT_TRUE(cuda::uses_tensor_cores(d.params())) << c.str();
-          EXPECT_EQ(test::run_cuda_case(c), "") << c.str();
+          expect_tensor_cores_and_reference(c);
         }
   EXPECT_EQ(n, 16);
 }
