@@ -89,12 +89,12 @@ LaunchFn variant(const std::string& name) {
   using namespace cuda::mmak;
   // key codes magic (mag) instead of subnormal; copy ring of 2 or 4 stages instead of 3 (the
   // library now runs 2 stages: attention_mma.cu, kStages)
-  // (dense caches: LAYOUT = kContig (0); keys and values of one width)
-  if (name == "mag_f16_4_128_1") return launch<__half, 4, 4, 128, 1, false, 3, 0>;
-  if (name == "mag_f16_4_128_2") return launch<__half, 4, 4, 128, 2, false, 3, 0>;
-  if (name == "mag_f16_8_128_1") return launch<__half, 8, 8, 128, 1, false, 3, 0>;
-  if (name == "st2_f16_4_128_1") return launch<__half, 4, 4, 128, 1, true, 2, 0>;
-  if (name == "st4_f16_4_128_1") return launch<__half, 4, 4, 128, 1, true, 4, 0>;
+  // (dense caches: LAYOUT = kContig (0); keys and values of one width; the group size of the call, GC = 0)
+  if (name == "mag_f16_4_128_1") return launch<__half, 4, 4, 128, 1, false, 3, 0, 0>;
+  if (name == "mag_f16_4_128_2") return launch<__half, 4, 4, 128, 2, false, 3, 0, 0>;
+  if (name == "mag_f16_8_128_1") return launch<__half, 8, 8, 128, 1, false, 3, 0, 0>;
+  if (name == "st2_f16_4_128_1") return launch<__half, 4, 4, 128, 1, true, 2, 0, 0>;
+  if (name == "st4_f16_4_128_1") return launch<__half, 4, 4, 128, 1, true, 4, 0, 0>;
   return nullptr;
 }
 
