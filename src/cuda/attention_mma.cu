@@ -48,35 +48,38 @@ int layout_kind(const AttnArgs& a) {
   return mmak::kAny;
 }
 
-// Whether `a` takes the instantiations with the group size as a constant (mmak::kGroupFixed):
-// groups of 64, D = 128 or 256, a layout other than kAny, and a build and a device with sm_90a.
-bool fixed_group(const AttnArgs& a) {
+// Whether `a`, read by the layout instantiation `kind` (layout_kind), takes the instantiations with
+// the group size as a constant (mmak::kGroupFixed): groups of 64, D = 128 or 256, a layout other
+// than kAny, and a build and a device with sm_90a.
+bool fixed_group(const AttnArgs& a, int kind) {
+  return QSDPA_HAVE_G64 && a.sm90a && a.k_group == mmak::kGroupFixed && (a.D == 128 || a.D == 256) &&
+         kind != mmak::kAny;
+}
+
+// Calls fn.template operator()<GC>() with the group-size parameter of the instantiation that reads
+// `a` with the layout `kind` (fixed_group; the constant-group ones exist only with QSDPA_HAVE_G64).
+template <class Fn>
+auto with_group(const AttnArgs& a, int kind, Fn&& fn) {
 #if QSDPA_HAVE_G64
-  return a.sm90a && a.k_group == mmak::kGroupFixed && (a.D == 128 || a.D == 256) && layout_kind(a) != mmak::kAny;
-#else
-  (void)a;
-  return false;
+  if (fixed_group(a, kind)) return fn.template operator()<mmak::kGroupFixed>();
 #endif
+  return fn.template operator()<0>();
 }
 
 // Calls fn.template operator()<LAYOUT, GC>() for the instantiation that reads `a`: its layout (the
-// cluster-merge one when a.cluster: contiguous caches only, mma_max_clusters) and its group size
-// (fixed_group).
+// cluster-merge one when a.cluster: contiguous caches only, mma_max_clusters) and its group size.
 template <class Fn>
 auto with_layout(const AttnArgs& a, Fn&& fn) {
-  const auto pick = [&]<int GC>() {
+  const int kind = layout_kind(a);
+  return with_group(a, kind, [&]<int GC>() {
     if (a.cluster) return fn.template operator()<mmak::kContigCluster, GC>();
-    switch (layout_kind(a)) {
+    switch (kind) {
       case mmak::kContig: return fn.template operator()<mmak::kContig, GC>();
       case mmak::kPaged: return fn.template operator()<mmak::kPaged, GC>();
       case mmak::kPaged16: return fn.template operator()<mmak::kPaged16, GC>();
       default: return fn.template operator()<mmak::kAny, 0>();
     }
-  };
-#if QSDPA_HAVE_G64
-  if (fixed_group(a)) return pick.template operator()<mmak::kGroupFixed>();
-#endif
-  return pick.template operator()<0>();
+  });
 }
 
 template <bool MIXED>
@@ -87,11 +90,9 @@ int resident_for(const AttnArgs& a) {
 // (contiguous caches only: the cluster merge has instantiations of kContig alone)
 template <bool MIXED>
 int cluster_for(const AttnArgs& a, int splits) {
-  if (layout_kind(a) != mmak::kContig) return 0;
-#if QSDPA_HAVE_G64
-  if (fixed_group(a)) return mmad::cluster_ok<mmak::kContigCluster, MIXED, mmak::kGroupFixed>(a, splits);
-#endif
-  return mmad::cluster_ok<mmak::kContigCluster, MIXED, 0>(a, splits);
+  const int kind = layout_kind(a);
+  if (kind != mmak::kContig) return 0;
+  return with_group(a, kind, [&]<int GC>() { return mmad::cluster_ok<mmak::kContigCluster, MIXED, GC>(a, splits); });
 }
 
 template <bool MIXED>
@@ -128,7 +129,7 @@ int64_t mma_row_tiles(const AttnArgs& a) {
 
 int mma_layout_kind(const AttnArgs& a) { return mma_supports(a) ? layout_kind(a) : -1; }
 
-bool mma_fixed_group(const AttnArgs& a) { return mma_supports(a) && fixed_group(a); }
+bool mma_fixed_group(const AttnArgs& a) { return mma_supports(a) && fixed_group(a, layout_kind(a)); }
 
 int mma_max_clusters(const AttnArgs& a, int splits) {
   if (!mma_supports(a) || splits < 1 || splits > mmak::kMaxClusterSplits) return 0;

@@ -19,27 +19,21 @@ namespace impl {
 // one switch from runtime values to template parameters, shared by the launch and the occupancy
 // query so that both always name the same kernel. D is 64, 128 or 256 (2 bits: 128 or 256;
 // mma_supports).
-// GC != 0 (a constant group size): D is 128 or 256 only.
+// 2 bits and GC != 0 (a constant group size): D is 128 or 256 only; 2 bits: one n-tile only.
 template <bool MIXED, int GC, class Fn>
 auto visit(const AttnArgs& a, Fn&& fn) {
   const auto d = [&]<class T, int BITS, int VBITS>() {
     const bool two = n_tiles(a) == 2;
-    if constexpr (GC != 0 && BITS != 2) {
-      if (a.D == 128)
-        return two ? fn.template operator()<T, BITS, VBITS, 128, 2>() : fn.template operator()<T, BITS, VBITS, 128, 1>();
-      return fn.template operator()<T, BITS, VBITS, 256, 1>();
-    } else if constexpr (BITS == 2) {  // D = 128 or 256, one n-tile (mma_supports, n_tiles)
-      return a.D == 128 ? fn.template operator()<T, 2, 2, 128, 1>() : fn.template operator()<T, 2, 2, 256, 1>();
-    } else {
-      switch (a.D) {
-        case 64:
-          return two ? fn.template operator()<T, BITS, VBITS, 64, 2>() : fn.template operator()<T, BITS, VBITS, 64, 1>();
-        case 128:
-          return two ? fn.template operator()<T, BITS, VBITS, 128, 2>()
-                     : fn.template operator()<T, BITS, VBITS, 128, 1>();
-        default: return fn.template operator()<T, BITS, VBITS, 256, 1>();
-      }
+    if constexpr (BITS != 2 && GC == 0) {
+      if (a.D == 64)
+        return two ? fn.template operator()<T, BITS, VBITS, 64, 2>() : fn.template operator()<T, BITS, VBITS, 64, 1>();
     }
+    if (a.D == 128) {
+      if constexpr (BITS == 2) return fn.template operator()<T, BITS, VBITS, 128, 1>();
+      else
+        return two ? fn.template operator()<T, BITS, VBITS, 128, 2>() : fn.template operator()<T, BITS, VBITS, 128, 1>();
+    }
+    return fn.template operator()<T, BITS, VBITS, 256, 1>();
   };
   const auto t = [&]<class T>() {
     if constexpr (MIXED) {

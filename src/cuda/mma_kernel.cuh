@@ -76,12 +76,6 @@ constexpr int kContig = 0, kPaged = 1, kAny = 2, kPaged16 = 3, kContigCluster = 
 #define QSDPA_MMA_FOLD_EVERY_BLOCK 1
 #endif
 constexpr bool kFoldEveryBlock = QSDPA_MMA_FOLD_EVERY_BLOCK != 0;
-// The scale spans' copy as a runtime loop over a lane's pieces rather than unrolled to their
-// compile-time bound (a build-time knob for tuning runs).
-#ifndef QSDPA_MMA_SCALE_LOOP
-#define QSDPA_MMA_SCALE_LOOP 0
-#endif
-constexpr bool kScaleLoop = QSDPA_MMA_SCALE_LOOP != 0;
 // Values of 2 or 4 bits: their scale and bias pairs read at every 32-dim block (unconditionally,
 // the same pairs again inside a group) rather than behind a branch at group starts. Measured on an
 // H200 (2026-12-01, run 25, same run): D=256 48.0 -> 46.6 us (4-bit), Lq=4 132.7 -> 128.9, 2-bit
@@ -418,12 +412,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
     }
     // (unrolled to the most pieces a lane can have: a runtime trip count cost ~60 instructions per
     // tile for what is one or two copies)
-    if constexpr (kScaleLoop) {  // (the former runtime loop: a tuning knob, for comparisons)
-      for (int k = sc_lane_k, j = 0; k < nch; k += 8, ++j) {
-        const int rest = vlen - 16 * k, n = rest <= 0 ? 0 : rest >= 16 ? 16 : rest;
-        cp_async16(sd + 128 * j, n > 0 ? ps + 128 * j + (half && k >= 2 * ng ? s2 : 0) : a.k_scales, n);
-      }
-    } else if (left >= kTW && soff == 0) {  // a full tile whose spans start at 16 bytes: whole pieces
+    if (left >= kTW && soff == 0) {  // a full tile whose spans start at 16 bytes: whole pieces
 #pragma unroll
       for (int j = 0; j < kSPL; ++j) {
         const int k = sc_lane_k + 8 * j;
