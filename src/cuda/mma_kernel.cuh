@@ -144,19 +144,19 @@ __device__ __forceinline__ void piece_offsets(int lane, uint32_t (&so)[C]) {
 
 // Copies the lane's pieces of one tile of rows (C pieces each) from p to the stage at dst: all of
 // them (FULL), or those of the rows < left, the others zero-filled (a copy of 0 bytes reads
-// nothing, from `zero`); pieces k >= C / 2 (rows 16..31) are read `second` bytes further on (a
-// tile over two 16-token pages).
-template <int C, bool FULL>
+// nothing, from `zero`). HALF (a tile over two 16-token pages): pieces k >= C / 2 (rows 16..31)
+// are read from p2, the lane's first piece of the second page, instead.
+template <int C, bool FULL, bool HALF = false>
 __device__ __forceinline__ void copy_rows(uint32_t dst, const uint32_t (&so)[C], const uint8_t* p, const void* zero,
-                                          int lane, int64_t left, int64_t second) {
+                                          int lane, int64_t left, const uint8_t* p2 = nullptr) {
 #pragma unroll
   for (int k = 0; k < C; ++k) {
-    const int64_t o = 512 * k + (k >= C / 2 ? second : 0);
+    const uint8_t* src = HALF && k >= C / 2 ? p2 + 512 * (k - C / 2) : p + 512 * k;
     if constexpr (FULL) {
-      cp_async16(dst + so[k], p + o, 16);
+      cp_async16(dst + so[k], src, 16);
     } else {
       const bool in = (lane + 32 * k) / C < left;
-      cp_async16(dst + so[k], in ? p + o : zero, in ? 16 : 0);
+      cp_async16(dst + so[k], in ? src : zero, in ? 16 : 0);
     }
   }
 }
@@ -343,9 +343,12 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
   // scale spans (the same for K and V).
   const bool in = t_first < te;
   constexpr bool kCt = LAYOUT == kContig || LAYOUT == kContigCluster;
-  const int64_t krow_first = kCt ? b * a.kmap.batch_stride + kvh * a.kmap.head_stride + t_first
-                             : in              ? a.kmap.row(b, kvh, t_first)
-                                               : 0;
+  // (16-token pages: the head's offset only; each tile's rows are looked up whole, below)
+  constexpr bool half = LAYOUT == kPaged16;  // the tile's second half lies in the next table entry
+  const int64_t krow_first = kCt   ? b * a.kmap.batch_stride + kvh * a.kmap.head_stride + t_first
+                             : half ? kvh * a.kmap.head_stride
+                             : in   ? a.kmap.row(b, kvh, t_first)
+                                    : 0;
   constexpr bool kPg = LAYOUT == kPaged || LAYOUT == kPaged16;
   const int64_t vrow_first = kCt ? b * a.vmap.batch_stride + kvh * a.vmap.head_stride + t_first
                              : kPg              ? krow_first
@@ -370,26 +373,63 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
 
   // A paged cache whose K and V share one layout: the page of the warp's next tile is read at the
   // issue before (one int32 in flight), so that no issue waits for a block-table load.
-  constexpr bool half = LAYOUT == kPaged16;  // the tile's second half lies in the next table entry
   const int32_t* bt_b = kPg ? a.kmap.block_table + b * a.kmap.bt_stride : nullptr;
   int next_page = kPg && in ? bt_b[t_first >> a.kmap.page_shift] : 0;
   int next_page2 = half && t_first + 16 < te ? bt_b[(t_first >> a.kmap.page_shift) + 1] : 0;
   auto issue = [&](int64_t it, int stage) {
     const int64_t left = te - (t_first + it * tile_step);
     const uint32_t sk = wring + uint32_t(stage * S::kStage), sv = sk + kTW * kRB, ss = sv + kTW * kRBV;
+    const uint32_t sd = ss + uint32_t(sc_lane_arr * kSCB + sc_lane_k * 16);
+    if constexpr (half) {
+      // 16-token pages: rows 0..15 of the tile start page next_page, rows 16..31 page next_page2
+      // (tiles start at multiples of 32 tokens: t_begin, chunk and the window skip are, so a tile
+      // starts at a page). Absolute rows from the head's offset: no distances between pages.
+      const int64_t r0p = int64_t(next_page) * a.kmap.page_stride, r1p = int64_t(next_page2) * a.kmap.page_stride;
+      if (it + 1 < my_tiles) {
+        const int64_t tn = t_first + (it + 1) * tile_step;
+        const int32_t* bn = bt_b + (tn >> 4);
+        next_page = bn[0];
+        if (tn + 16 < te) next_page2 = bn[1];
+      }
+      const uint8_t* pk = gk + r0p * kRB;
+      const uint8_t* pk2 = gk + r1p * kRB;
+      const uint8_t* pv = gv + r0p * kRBV;
+      const uint8_t* pv2 = gv + r1p * kRBV;
+      if (left >= kTW) {
+        copy_rows<kC, true, true>(sk, so, pk, a.k_packed, lane, left, pk2);
+        copy_rows<kCV, true, true>(sv, sov, pv, a.v_packed, lane, left, pv2);
+      } else {
+        copy_rows<kC, false, true>(sk, so, pk, a.k_packed, lane, left, pk2);
+        copy_rows<kCV, false, true>(sv, sov, pv, a.v_packed, lane, left, pv2);
+      }
+      // The scale spans start at a page (soff = 0): pieces k < 2 ng of a span are rows 0..15,
+      // the others rows 16..31, whose span in the second page starts 32 ng bytes earlier.
+      const uint8_t* ps0 = gsc + r0p * (ng * 2);
+      const uint8_t* ps1 = gsc + r1p * (ng * 2) - 32 * ng;
+      const int vlen = int(left < kTW ? left : kTW) * ng * 2;  // valid bytes of the span
+#pragma unroll
+      for (int j = 0; j < kSPL; ++j) {
+        const int k = sc_lane_k + 8 * j;
+        if (k < nch) {
+          const uint8_t* src = (k >= 2 * ng ? ps1 : ps0) + 128 * j;
+          if (left >= kTW) {
+            cp_async16(sd + 128 * j, src, 16);
+          } else {
+            const int rest = vlen - 16 * k, nb = rest <= 0 ? 0 : rest >= 16 ? 16 : rest;
+            cp_async16(sd + 128 * j, nb > 0 ? src : a.k_scales, nb);
+          }
+        }
+      }
+      return;
+    }
     // rows from the first tile to this one (K and V in one layout: one lookup)
-    int64_t dk = it * tile_step, dv = dk, d2 = 0;  // d2: rows the second half moves (16-token pages)
+    int64_t dk = it * tile_step, dv = dk;
     if constexpr (kPg) {
       const int64_t t = t_first + it * tile_step;
       const int64_t pmask = (int64_t(1) << a.kmap.page_shift) - 1;
       const int64_t hoff = kvh * a.kmap.head_stride;
       dk = dv = int64_t(next_page) * a.kmap.page_stride + hoff + (t & pmask) - krow_first;
-      if (half) d2 = int64_t(next_page2) * a.kmap.page_stride + hoff - (krow_first + dk + 16);
-      if (it + 1 < my_tiles) {
-        const int64_t tn = t + tile_step;
-        next_page = bt_b[tn >> a.kmap.page_shift];
-        if (half && tn + 16 < te) next_page2 = bt_b[(tn >> a.kmap.page_shift) + 1];
-      }
+      if (it + 1 < my_tiles) next_page = bt_b[(t + tile_step) >> a.kmap.page_shift];
     } else if constexpr (LAYOUT == kAny) {
       const int64_t t = t_first + it * tile_step;
       dk = a.kmap.row(b, kvh, t) - krow_first;
@@ -399,16 +439,12 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
     const uint8_t* pv = gv + dv * kRBV;
     const int vlen = soff + int(left < kTW ? left : kTW) * ng * 2;  // valid bytes of the span
     const uint8_t* ps = gsc + (sc_lane_arr < 2 ? dk : dv) * ng * 2;
-    const uint32_t sd = ss + uint32_t(sc_lane_arr * kSCB + sc_lane_k * 16);
-    // 16-token pages: pieces k >= kC / 2 are rows 16..31, in the second page, and so are the
-    // pieces of the scale spans from 2 ng on (a span starts at a page: soff = 0).
-    const int64_t s2 = half ? d2 * ng * 2 : 0;
     if (left >= kTW) {
-      copy_rows<kC, true>(sk, so, pk, a.k_packed, lane, left, d2 * kRB);
-      copy_rows<kCV, true>(sv, sov, pv, a.v_packed, lane, left, d2 * kRBV);
+      copy_rows<kC, true>(sk, so, pk, a.k_packed, lane, left);
+      copy_rows<kCV, true>(sv, sov, pv, a.v_packed, lane, left);
     } else {  // the last, partial tile: rows past the end are zero-filled, never read
-      copy_rows<kC, false>(sk, so, pk, a.k_packed, lane, left, d2 * kRB);
-      copy_rows<kCV, false>(sv, sov, pv, a.v_packed, lane, left, d2 * kRBV);
+      copy_rows<kC, false>(sk, so, pk, a.k_packed, lane, left);
+      copy_rows<kCV, false>(sv, sov, pv, a.v_packed, lane, left);
     }
     // (unrolled to the most pieces a lane can have: a runtime trip count cost ~60 instructions per
     // tile for what is one or two copies)
@@ -416,15 +452,15 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
 #pragma unroll
       for (int j = 0; j < kSPL; ++j) {
         const int k = sc_lane_k + 8 * j;
-        if (k < nch) cp_async16(sd + 128 * j, ps + 128 * j + (half && k >= 2 * ng ? s2 : 0), 16);
+        if (k < nch) cp_async16(sd + 128 * j, ps + 128 * j, 16);
       }
     } else {
 #pragma unroll
       for (int j = 0; j < kSPL; ++j) {
         const int k = sc_lane_k + 8 * j;
         if (k < nch) {
-          const int rest = vlen - 16 * k, n = rest <= 0 ? 0 : rest >= 16 ? 16 : rest;
-          cp_async16(sd + 128 * j, n > 0 ? ps + 128 * j + (half && k >= 2 * ng ? s2 : 0) : a.k_scales, n);
+          const int rest = vlen - 16 * k, nb = rest <= 0 ? 0 : rest >= 16 ? 16 : rest;
+          cp_async16(sd + 128 * j, nb > 0 ? ps + 128 * j : a.k_scales, nb);
         }
       }
     }
