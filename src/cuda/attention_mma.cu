@@ -40,19 +40,19 @@ bool layout_ok(const AttnArgs& a) {
 
 // The layout instantiation that reads `a` (mma_kernel.cuh): contiguous caches (no block table,
 // token stride 1: layout_ok), paged caches with one block table for K and V (pages of a warp tile
-// or more, or of half of one), and the rest.
+// or more, or of half of one), and the rest; D = 512 has contiguous caches alone (kContigWide).
 int layout_kind(const AttnArgs& a) {
-  if (a.dense || (!a.kmap.block_table && !a.vmap.block_table)) return mmak::kContig;
+  if (a.dense || (!a.kmap.block_table && !a.vmap.block_table)) return a.D == 512 ? mmak::kContigWide : mmak::kContig;
   if (a.same_layout && a.kmap.block_table)
     return (int64_t(1) << a.kmap.page_shift) >= mmak::kTileTokens ? mmak::kPaged : mmak::kPaged16;
   return mmak::kAny;
 }
 
 // Whether `a`, read by the layout instantiation `kind` (layout_kind), takes the instantiations with
-// the group size as a constant (mmak::kGroupFixed): groups of 64, D = 128 or 256, a layout other
-// than kAny, and a build and a device with sm_90a.
+// the group size as a constant (mmak::kGroupFixed): groups of 64, D = 128, 256 or 512, a layout
+// other than kAny, and a build and a device with sm_90a.
 bool fixed_group(const AttnArgs& a, int kind) {
-  return QSDPA_HAVE_G64 && a.sm90a && a.k_group == mmak::kGroupFixed && (a.D == 128 || a.D == 256) &&
+  return QSDPA_HAVE_G64 && a.sm90a && a.k_group == mmak::kGroupFixed && (a.D == 128 || a.D == 256 || a.D == 512) &&
          kind != mmak::kAny;
 }
 
@@ -77,6 +77,9 @@ auto with_layout(const AttnArgs& a, Fn&& fn) {
       case mmak::kContig: return fn.template operator()<mmak::kContig, GC>();
       case mmak::kPaged: return fn.template operator()<mmak::kPaged, GC>();
       case mmak::kPaged16: return fn.template operator()<mmak::kPaged16, GC>();
+      case mmak::kContigWide:  // (D = 512: only with a constant group, mma_supports)
+        if constexpr (GC != 0) return fn.template operator()<mmak::kContigWide, GC>();
+        [[fallthrough]];
       default: return fn.template operator()<mmak::kAny, 0>();
     }
   });
@@ -107,7 +110,7 @@ bool mma_supports(const AttnArgs& a) {
   if (a.k_group != a.v_group) return false;
   if (!(a.k_bits == a.v_bits && (a.k_bits == 2 || a.k_bits == 4 || a.k_bits == 8)) && !mixed(a)) return false;
   if (a.k_group != 32 && a.k_group != 64 && a.k_group != 128) return false;
-  if (a.D != 64 && a.D != 128 && a.D != 256) return false;
+  if (a.D != 64 && a.D != 128 && a.D != 256 && a.D != 512) return false;
   // 2 bits: a 16-byte piece is 64 head dims, which one mma and one group must hold (mma_format.cuh);
   // two pieces per row at least
   if (a.k_bits == 2 && (a.k_group < 64 || a.D < 128)) return false;
@@ -116,6 +119,8 @@ bool mma_supports(const AttnArgs& a) {
   if (a.Hq / a.Hkv * a.Lq > kMaxRows) return false;
   if (a.B * a.Hkv * ((a.Hq / a.Hkv * a.Lq + 7) / 8) > int64_t(INT32_MAX)) return false;  // grid.x
   if (!a.dense && !layout_ok(a)) return false;
+  // D = 512 (d-split): contiguous caches, groups of 64, sm_90a (the instantiations of g64/ alone)
+  if (a.D == 512 && !(layout_kind(a) == mmak::kContigWide && fixed_group(a, mmak::kContigWide))) return false;
   return aligned16(a.k_packed) && aligned16(a.v_packed) && aligned16(a.k_scales) && aligned16(a.k_biases) &&
          aligned16(a.v_scales) && aligned16(a.v_biases);
 }

@@ -588,9 +588,18 @@ qsdpa::Status qsdpa::cuda::attention_generic_kernel(const AttentionParams& p) {
   return detail::run_attention(p, false);
 }
 
-bool qsdpa::cuda::uses_tensor_cores(const AttentionParams& p) {
-  const qsdpa::cuda::AttnArgs a = detail::make_args(p);
+bool qsdpa::cuda::uses_tensor_cores(const AttentionParams& p, bool sm90a) {
+  qsdpa::cuda::AttnArgs a = detail::make_args(p);
+  a.sm90a = sm90a ? 1 : 0;
   return detail::use_tensor_cores(a);
+}
+
+bool qsdpa::cuda::uses_tensor_cores(const AttentionParams& p) {
+  int dev = 0;
+  detail::DeviceFacts f;
+  const bool sm90a = cudaGetDevice(&dev) == cudaSuccess && detail::device_facts(dev, &f) && f.cc_major == 9 && f.cc_minor == 0;
+  cudaGetLastError();
+  return uses_tensor_cores(p, sm90a);
 }
 
 bool qsdpa::cuda::set_cluster_merge(bool on) { return detail::g_cluster_allowed.exchange(on); }

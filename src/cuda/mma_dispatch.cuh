@@ -6,7 +6,8 @@
 // with 4-bit values for all four (attention_mma_mixed.cu, attention_mma_mixed_any.cu); and
 // contiguous caches merging in clusters (kContigCluster, attention_mma_cluster.cu and
 // attention_mma_cluster_mixed.cu); and, for sm_90a, the same with the group size 64 as a constant
-// for the layouts kContig, kPaged, kPaged16 and kContigCluster (g64/*.cu, compiled for sm_90a alone).
+// for the layouts kContig, kPaged, kPaged16 and kContigCluster, and D = 512 on contiguous caches
+// (kContigWide) (g64/*.cu, compiled for sm_90a alone).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -32,7 +33,10 @@ constexpr bool kKeyDenorm = true;
 // n-tile and twice the row tiles for Lq = 4 was measured on an H200: 155 -> 202 us, K and V read
 // twice.)
 // 2-bit caches have one n-tile only (fewer instantiations to compile; more rows take more row tiles).
-inline int n_tiles(const AttnArgs& a) { return (a.Hq / a.Hkv * a.Lq > 8 && a.D <= 128 && a.k_bits != 2) ? 2 : 1; }
+// D = 512 is d-split (128 dims per warp, mma_kernel.cuh) and takes two n-tiles like D = 128.
+inline int n_tiles(const AttnArgs& a) {
+  return (a.Hq / a.Hkv * a.Lq > 8 && (a.D <= 128 || a.D == 512) && a.k_bits != 2) ? 2 : 1;
+}
 
 // Launches the instantiation for `a` (which mma_supports() accepted) with the layout LAYOUT
 // (mmak::kContig, kPaged, kPaged16, kAny or kContigCluster): keys and values of one bit width
@@ -65,6 +69,7 @@ QSDPA_MMAD_EXTERN_BOTH(0, 64)
 QSDPA_MMAD_EXTERN_BOTH(1, 64)
 QSDPA_MMAD_EXTERN_BOTH(3, 64)
 QSDPA_MMAD_EXTERN_BOTH(4, 64)
+QSDPA_MMAD_EXTERN_BOTH(5, 64)
 #undef QSDPA_MMAD_EXTERN_BOTH
 #undef QSDPA_MMAD_EXTERN
 

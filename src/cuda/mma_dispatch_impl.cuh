@@ -18,12 +18,17 @@ namespace impl {
 // Calls fn.template operator()<T, BITS, VBITS, D, NT>() for the instantiation that runs `a`: the
 // one switch from runtime values to template parameters, shared by the launch and the occupancy
 // query so that both always name the same kernel. D is 64, 128 or 256 (2 bits: 128 or 256;
-// mma_supports).
+// mma_supports), or 512 for the layout kContigWide alone.
 // 2 bits and GC != 0 (a constant group size): D is 128 or 256 only; 2 bits: one n-tile only.
-template <bool MIXED, int GC, class Fn>
+template <int LAYOUT, bool MIXED, int GC, class Fn>
 auto visit(const AttnArgs& a, Fn&& fn) {
   const auto d = [&]<class T, int BITS, int VBITS>() {
     const bool two = n_tiles(a) == 2;
+    if constexpr (LAYOUT == mmak::kContigWide) {  // D = 512 (the d-split instantiations)
+      if constexpr (BITS == 2) return fn.template operator()<T, BITS, VBITS, 512, 1>();
+      else
+        return two ? fn.template operator()<T, BITS, VBITS, 512, 2>() : fn.template operator()<T, BITS, VBITS, 512, 1>();
+    }
     if constexpr (BITS != 2 && GC == 0) {
       if (a.D == 64)
         return two ? fn.template operator()<T, BITS, VBITS, 64, 2>() : fn.template operator()<T, BITS, VBITS, 64, 1>();
@@ -51,14 +56,14 @@ auto visit(const AttnArgs& a, Fn&& fn) {
 
 template <int LAYOUT, bool MIXED, int GC>
 cudaError_t launch(const AttnArgs& a, cudaStream_t s) {
-  return impl::visit<MIXED, GC>(a, [&]<class T, int BITS, int VBITS, int D, int NT>() {
+  return impl::visit<LAYOUT, MIXED, GC>(a, [&]<class T, int BITS, int VBITS, int D, int NT>() {
     return mmak::launch<T, BITS, VBITS, D, NT, kKeyDenorm, kStages, LAYOUT, GC>(a, s);
   });
 }
 
 template <int LAYOUT, bool MIXED, int GC>
 int resident(const AttnArgs& a) {
-  return impl::visit<MIXED, GC>(a, [&]<class T, int BITS, int VBITS, int D, int NT>() {
+  return impl::visit<LAYOUT, MIXED, GC>(a, [&]<class T, int BITS, int VBITS, int D, int NT>() {
     using S = mmak::Shape<T, BITS, VBITS, D, NT, kKeyDenorm, kStages>;
     static std::mutex mu;
     static std::map<int, int> cache;  // device -> blocks per SM, for this instantiation
@@ -84,7 +89,7 @@ int resident(const AttnArgs& a) {
 
 template <int LAYOUT, bool MIXED, int GC>
 int cluster_ok(const AttnArgs& a, int splits) {
-  return impl::visit<MIXED, GC>(a, [&]<class T, int BITS, int VBITS, int D, int NT>() {
+  return impl::visit<LAYOUT, MIXED, GC>(a, [&]<class T, int BITS, int VBITS, int D, int NT>() {
     static std::mutex mu;
     static std::map<std::pair<int, int>, int> cache;  // (device, splits) -> clusters
     int dev = 0;

@@ -63,8 +63,9 @@ constexpr int kMinBlocksLayout = QSDPA_MMA_MIN_BLOCKS_LAYOUT;  // the same, the 
 //   kAny:     the rest mma_supports takes (K and V in different layouts): both rows looked up for
 //             every tile;
 //   kContigCluster: kContig whose splits of a row tile run as one cluster and merge in the kernel
-//             (AttnArgs::cluster).
-constexpr int kContig = 0, kPaged = 1, kAny = 2, kPaged16 = 3, kContigCluster = 4;
+//             (AttnArgs::cluster);
+//   kContigWide: kContig for D = 512 (d-split, Shape below: instantiations of their own).
+constexpr int kContig = 0, kPaged = 1, kAny = 2, kPaged16 = 3, kContigCluster = 4, kContigWide = 5;
 // The group size is a runtime value, so that group ends fall at runtime positions of the unrolled
 // loops over 32-dim blocks. kFoldEveryBlock: the key logits fold the group scale in at the end of
 // every block (more multiply-adds, no branch between the mma of different blocks); else only at
@@ -96,32 +97,49 @@ constexpr bool kVScaleEveryPiece = QSDPA_MMA_VSCALE_EVERY != 0;
 constexpr int kGroupFixed = 64;
 constexpr int kMinBlocksWide = QSDPA_MMA_MIN_BLOCKS_WIDE;
 
+// Head dims per warp: D = 512 splits the head dims over the 4 warps of a block (kDS, "d-split"),
+// which then stream the same tiles, each its 128 dims of every row: the logits' partial sums meet
+// in shared memory once per tile, and each warp keeps the Oᵀ of its own dims (the accumulators
+// and q operands of 512 dims do not fit one warp's registers). Other head dims: one warp per tile.
+constexpr int d_split(int D) { return D == 512 ? 4 : 1; }
+
 // Keys of BITS bits, values of VBITS bits (the same group size).
 template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES>
 struct Shape {
   using F = Fmt<T, BITS, KDEN>;    // keys
   using FV = Fmt<T, VBITS, KDEN>;  // values
-  static constexpr int kRB = D * BITS / 8;    // bytes of one packed key row
-  static constexpr int kC = kRB / 16;         // 16-byte pieces per key row
-  static constexpr int kRBV = D * VBITS / 8;  // the same for a value row
+  static constexpr int kDS = d_split(D);      // warps per tile (d-split)
+  static constexpr int kTG = kWarps / kDS;    // warps (or d-split groups) streaming different tiles
+  static constexpr int kDW = D / kDS;         // head dims of one warp
+  static constexpr int kRBG = D * BITS / 8;   // bytes of one packed key row in memory
+  static constexpr int kRBGV = D * VBITS / 8; // the same for a value row
+  static constexpr int kRB = kDW * BITS / 8;    // bytes of a warp's part of a packed key row
+  static constexpr int kC = kRB / 16;         // 16-byte pieces per key row part
+  static constexpr int kRBV = kDW * VBITS / 8;  // the same for a value row
   static constexpr int kCV = kRBV / 16;
-  static constexpr int kKS = D / 16;        // k-steps of Q·Kᵀ = d-tiles of Oᵀ
+  static constexpr int kKS = kDW / 16;      // k-steps of Q·Kᵀ = d-tiles of Oᵀ
   static constexpr int kRT = 8 * NT;        // query rows per block
   static constexpr int kMT = kTileTokens / 16;
   static constexpr int kNGMax = D / 32;     // groups per row at most (group >= 32)
-  static constexpr int kNGP = kNGMax < 2 ? 2 : kNGMax;
+  static constexpr int kNGW = kDW / 32;     // groups of a warp's dims at most
+  static constexpr int kNGP = kNGW < 2 ? 2 : kNGW;
   static constexpr int kNA = F::kOffsets ? 2 : 1;  // correction slots: biases (+ scales x offset)
   static constexpr int kNZ = (kNA * kNGP + 7) / 8;  // mma for the per-group corrections
-  static constexpr int kSCB = (kTileTokens * kNGMax * 2 + 15) / 16 * 16 + 16;  // one scale array
+  static constexpr int kSCB = (kTileTokens * kNGW * 2 + 15) / 16 * 16 + 16;  // one scale array
   static constexpr int kStage = kTileTokens * (kRB + kRBV) + 4 * kSCB;
   static constexpr int kPipe = kWarps * STAGES * kStage;
-  static constexpr int kMerge = kWarps * kRT * (D + 2) * 4;
+  static constexpr int kMerge = kTG * kRT * (D + 2) * 4;
+  // d-split: the logits' partial sums of a tile, [2 tiles][kWarps][16 values][32 lanes] f32, in
+  // the query rows' f32 copy (free once the q operands are in registers)
+  static constexpr int kLogits = kMT * NT * 4;
+  static constexpr int kRed = kDS > 1 ? 2 * kWarps * kLogits * 32 * 4 : 0;
   static constexpr int kMain = kPipe > kMerge ? kPipe : kMerge;
   static constexpr int kQ = kRT * D * 4 + 2 * kRT * kNGMax * 4 + kRT * 4 + 2 * kRT * 8;
   static constexpr int kSmem = kMain + kQ;
   static_assert(kC >= 2 && (kC & (kC - 1)) == 0, "row pieces: a power of two, at least 2");
   static_assert(kCV >= 2 && (kCV & (kCV - 1)) == 0, "row pieces: a power of two, at least 2");
   static_assert(kStage % 16 == 0, "stages stay 16-byte aligned");
+  static_assert(kRed <= kRT * D * 4, "the logits exchange fits the query rows' space");
 
 };
 
@@ -144,14 +162,16 @@ __device__ __forceinline__ void piece_offsets(int lane, uint32_t (&so)[C]) {
 
 // Copies the lane's pieces of one tile of rows (C pieces each) from p to the stage at dst: all of
 // them (FULL), or those of the rows < left, the others zero-filled (a copy of 0 bytes reads
-// nothing, from `zero`). HALF (a tile over two 16-token pages): pieces k >= C / 2 (rows 16..31)
-// are read from p2, the lane's first piece of the second page, instead.
-template <int C, bool FULL, bool HALF = false>
+// nothing, from `zero`). RS: the bytes from one row to the next in memory (16 C, or more when the
+// rows are parts of wider rows: d-split). HALF (a tile over two 16-token pages): pieces k >= C / 2
+// (rows 16..31) are read from p2, the lane's first piece of the second page, instead.
+template <int C, int RS, bool FULL, bool HALF = false>
 __device__ __forceinline__ void copy_rows(uint32_t dst, const uint32_t (&so)[C], const uint8_t* p, const void* zero,
                                           int lane, int64_t left, const uint8_t* p2 = nullptr) {
 #pragma unroll
   for (int k = 0; k < C; ++k) {
-    const uint8_t* src = HALF && k >= C / 2 ? p2 + 512 * (k - C / 2) : p + 512 * k;
+    constexpr int kStep = 32 / C * RS;  // bytes from piece k to piece k + 1 of a lane
+    const uint8_t* src = HALF && k >= C / 2 ? p2 + kStep * (k - C / 2) : p + kStep * k;
     if constexpr (FULL) {
       cp_async16(dst + so[k], src, 16);
     } else {
@@ -159,6 +179,14 @@ __device__ __forceinline__ void copy_rows(uint32_t dst, const uint32_t (&so)[C],
       cp_async16(dst + so[k], in ? src : zero, in ? 16 : 0);
     }
   }
+}
+
+// A 4- or 8-byte asynchronous copy (zero-filled when !in, reading nothing).
+template <int BYTES>
+__device__ __forceinline__ void cp_async_small(uint32_t dst, const void* src, bool in) {
+  static_assert(BYTES == 4 || BYTES == 8, "cp.async.ca: 4 or 8 bytes here");
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(BYTES), "r"(in ? BYTES : 0)
+               : "memory");
 }
 
 __device__ __forceinline__ uint32_t lds16(uint32_t addr) {
@@ -273,8 +301,10 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
   using Y = Ty<T>;
   constexpr bool kCl = kClusterCode && LAYOUT == kContigCluster;  // merge in the cluster (a.cluster)
   constexpr int kRB = S::kRB, kC = S::kC, kKS = S::kKS, kRT = S::kRT, kMT = S::kMT;
-  constexpr int kRBV = S::kRBV, kCV = S::kCV;
+  constexpr int kRBV = S::kRBV, kCV = S::kCV, kRBG = S::kRBG, kRBGV = S::kRBGV;
   constexpr int kTW = kTileTokens, kSCB = S::kSCB, kNZ = S::kNZ, kNGP = S::kNGP, kNGMax = S::kNGMax;
+  constexpr int kDS = S::kDS, kTG = S::kTG, kDW = S::kDW;
+  static_assert(kDS == 1 || (GC != 0 && LAYOUT == kContigWide), "d-split: contiguous caches, a constant group");
   extern __shared__ __align__(16) uint8_t smem[];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // The combine kernel may be placed now (it is launched as a programmatic dependent and waits for
@@ -283,6 +313,8 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
 #endif
 
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+  // d-split: warp = tgrp * kDS + dc streams the tiles of group tgrp, head dims [dc kDW, (dc + 1) kDW)
+  const int tgrp = kDS == 1 ? warp : warp / kDS, dc = kDS == 1 ? 0 : warp - tgrp * kDS;
   const int64_t N = a.N;
   const int rep = int(a.Hq / a.Hkv), Lq = int(a.Lq), R = rep * Lq;
   // blockIdx.x = (b * Hkv + kv head) * row tiles + row tile: the row tiles of one (b, kv head,
@@ -297,7 +329,9 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
   // sits at position n - lq + i; rows i >= lq are padding that sees no key.
   const int64_t n = detail::seq_kv_len(a.kv_lens, b, N);
   const int lq = int(detail::seq_q_len(a.q_lens, b, Lq, n));
-  const int G = GC ? GC : a.k_group, ng = D / G, lbpg = G == 32 ? 0 : G == 64 ? 1 : 2, bpg_mask = (1 << lbpg) - 1;
+  // ng: groups of the warp's head dims (a row's with one warp per tile), ngf: of a row in memory
+  const int G = GC ? GC : a.k_group, ng = kDW / G, ngf = D / G, lbpg = G == 32 ? 0 : G == 64 ? 1 : 2,
+            bpg_mask = (1 << lbpg) - 1;
   const int64_t rows_total = a.B * a.Hq * a.Lq;
 
   // ---- this block's tokens; tiles before the sliding window of every row are skipped --------
@@ -328,7 +362,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
     if (lo > tb) tb += (lo - tb) / kTW * kTW;
   }
   const int64_t ntiles = te > tb ? (te - tb + kTW - 1) / kTW : 0;
-  const int64_t my_tiles = ntiles > warp ? (ntiles - warp + kWarps - 1) / kWarps : 0;
+  const int64_t my_tiles = ntiles > tgrp ? (ntiles - tgrp + kTG - 1) / kTG : 0;
 
   // ---- the warp's copy ring -------------------------------------------------------------------
   // A tile is kTW consecutive rows: kTW * kRB contiguous bytes of K (kTW * kRBV of V), and for each of
@@ -336,13 +370,13 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
   // around them (the offset soff of the tile inside that span is the same for every tile of the
   // block, since tiles advance by multiples of 16 bytes).
   const uint32_t wring = smem_addr(smem) + uint32_t(warp * STAGES * S::kStage);
-  const int64_t tile_step = int64_t(kWarps) * kTW;  // tokens from one of the warp's tiles to the next
-  const int64_t t_first = tb + int64_t(warp) * kTW;
+  const int64_t tile_step = int64_t(kTG) * kTW;  // tokens from one of the warp's tiles to the next
+  const int64_t t_first = tb + int64_t(tgrp) * kTW;
   // The cache rows of the warp's first tile. Every layout (mma_supports) has token stride 1, tiles
   // that lie in one page (or two 16-token pages), and strides that keep the 16-byte phase of the
   // scale spans (the same for K and V).
   const bool in = t_first < te;
-  constexpr bool kCt = LAYOUT == kContig || LAYOUT == kContigCluster;
+  constexpr bool kCt = LAYOUT == kContig || LAYOUT == kContigCluster || LAYOUT == kContigWide;
   // (16-token pages: the head's offset only; each tile's rows are looked up whole, below)
   constexpr bool half = LAYOUT == kPaged16;  // the tile's second half lies in the next table entry
   const int64_t krow_first = kCt   ? b * a.kmap.batch_stride + kvh * a.kmap.head_stride + t_first
@@ -354,17 +388,21 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
                              : kPg              ? krow_first
                              : in               ? a.vmap.row(b, kvh, t_first)
                                                 : 0;
-  // lane's first piece of the warp's first tile (piece i = lane + 32 k sits at byte 16 i)
-  const uint8_t* gk = reinterpret_cast<const uint8_t*>(a.k_packed) + krow_first * kRB + lane * 16;
-  const uint8_t* gv = reinterpret_cast<const uint8_t*>(a.v_packed) + vrow_first * kRBV + lane * 16;
+  // lane's first piece of the warp's first tile (piece i = lane + 32 k sits at byte 16 i; d-split:
+  // piece i is piece i % kC of the warp's part of row i / kC)
+  const int lane_k = kDS == 1 ? lane * 16 : (lane / kC) * kRBG + dc * kRB + (lane % kC) * 16;
+  const int lane_v = kDS == 1 ? lane * 16 : (lane / kCV) * kRBGV + dc * kRBV + (lane % kCV) * 16;
+  const uint8_t* gk = reinterpret_cast<const uint8_t*>(a.k_packed) + krow_first * kRBG + lane_k;
+  const uint8_t* gv = reinterpret_cast<const uint8_t*>(a.v_packed) + vrow_first * kRBGV + lane_v;
   const int sc_lane_arr = lane >> 3, sc_lane_k = lane & 7;  // this lane copies scale tensor lane/8
-  const int64_t o_first = (sc_lane_arr < 2 ? krow_first : vrow_first) * ng * 2;
-  const int soff = int(o_first & 15);
+  const int64_t o_first = (sc_lane_arr < 2 ? krow_first : vrow_first) * ngf * 2;
+  const int soff = kDS == 1 ? int(o_first & 15) : 0;
+  // (d-split: the lane's tokens are sc_lane_k + 8 j, each the ng groups of the warp's dims)
   const uint8_t* gsc = static_cast<const uint8_t*>(sc_lane_arr == 0   ? a.k_scales
                                                    : sc_lane_arr == 1 ? a.k_biases
                                                    : sc_lane_arr == 2 ? a.v_scales
                                                                       : a.v_biases) +
-                       (o_first - soff) + sc_lane_k * 16;
+                       (o_first - soff) + (kDS == 1 ? sc_lane_k * 16 : (sc_lane_k * ngf + dc * ng) * 2);
   const int nch = (soff + kTW * ng * 2 + 15) >> 4;  // 16-byte pieces of a full tile's span
   constexpr int kSPL = (kSCB / 16 + 7) / 8;         // pieces of a span per lane, at most
   uint32_t so[kC], sov[kCV];  // swizzled destinations of the lane's pieces of K and of V rows
@@ -391,27 +429,27 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
         next_page = bn[0];
         if (tn + 16 < te) next_page2 = bn[1];
       }
-      const uint8_t* pk = gk + r0p * kRB;
-      const uint8_t* pk2 = gk + r1p * kRB;
-      const uint8_t* pv = gv + r0p * kRBV;
-      const uint8_t* pv2 = gv + r1p * kRBV;
+      const uint8_t* pk = gk + r0p * kRBG;
+      const uint8_t* pk2 = gk + r1p * kRBG;
+      const uint8_t* pv = gv + r0p * kRBGV;
+      const uint8_t* pv2 = gv + r1p * kRBGV;
       if (left >= kTW) {
-        copy_rows<kC, true, true>(sk, so, pk, a.k_packed, lane, left, pk2);
-        copy_rows<kCV, true, true>(sv, sov, pv, a.v_packed, lane, left, pv2);
+        copy_rows<kC, kRBG, true, true>(sk, so, pk, a.k_packed, lane, left, pk2);
+        copy_rows<kCV, kRBGV, true, true>(sv, sov, pv, a.v_packed, lane, left, pv2);
       } else {
-        copy_rows<kC, false, true>(sk, so, pk, a.k_packed, lane, left, pk2);
-        copy_rows<kCV, false, true>(sv, sov, pv, a.v_packed, lane, left, pv2);
+        copy_rows<kC, kRBG, false, true>(sk, so, pk, a.k_packed, lane, left, pk2);
+        copy_rows<kCV, kRBGV, false, true>(sv, sov, pv, a.v_packed, lane, left, pv2);
       }
       // The scale spans start at a page (soff = 0): pieces k < 2 ng of a span are rows 0..15,
       // the others rows 16..31, whose span in the second page starts 32 ng bytes earlier.
-      const uint8_t* ps0 = gsc + r0p * (ng * 2);
-      const uint8_t* ps1 = gsc + r1p * (ng * 2) - 32 * ng;
+      const uint8_t* ps0 = gsc + r0p * (ngf * 2);
+      const uint8_t* ps1 = gsc + r1p * (ngf * 2) - 32 * ngf;
       const int vlen = int(left < kTW ? left : kTW) * ng * 2;  // valid bytes of the span
 #pragma unroll
       for (int j = 0; j < kSPL; ++j) {
         const int k = sc_lane_k + 8 * j;
         if (k < nch) {
-          const uint8_t* src = (k >= 2 * ng ? ps1 : ps0) + 128 * j;
+          const uint8_t* src = (k >= 2 * ngf ? ps1 : ps0) + 128 * j;
           if (left >= kTW) {
             cp_async16(sd + 128 * j, src, 16);
           } else {
@@ -435,16 +473,25 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
       dk = a.kmap.row(b, kvh, t) - krow_first;
       dv = a.same_layout ? dk : a.vmap.row(b, kvh, t) - vrow_first;
     }
-    const uint8_t* pk = gk + dk * kRB;
-    const uint8_t* pv = gv + dv * kRBV;
+    const uint8_t* pk = gk + dk * kRBG;
+    const uint8_t* pv = gv + dv * kRBGV;
     const int vlen = soff + int(left < kTW ? left : kTW) * ng * 2;  // valid bytes of the span
-    const uint8_t* ps = gsc + (sc_lane_arr < 2 ? dk : dv) * ng * 2;
+    const uint8_t* ps = gsc + (sc_lane_arr < 2 ? dk : dv) * ngf * 2;
     if (left >= kTW) {
-      copy_rows<kC, true>(sk, so, pk, a.k_packed, lane, left);
-      copy_rows<kCV, true>(sv, sov, pv, a.v_packed, lane, left);
+      copy_rows<kC, kRBG, true>(sk, so, pk, a.k_packed, lane, left);
+      copy_rows<kCV, kRBGV, true>(sv, sov, pv, a.v_packed, lane, left);
     } else {  // the last, partial tile: rows past the end are zero-filled, never read
-      copy_rows<kC, false>(sk, so, pk, a.k_packed, lane, left);
-      copy_rows<kCV, false>(sv, sov, pv, a.v_packed, lane, left);
+      copy_rows<kC, kRBG, false>(sk, so, pk, a.k_packed, lane, left);
+      copy_rows<kCV, kRBGV, false>(sv, sov, pv, a.v_packed, lane, left);
+    }
+    if constexpr (kDS > 1) {  // d-split: the 2 ng bytes of each of the lane's 4 tokens
+#pragma unroll
+      for (int j = 0; j < kTW / 8; ++j) {
+        const bool in = sc_lane_k + 8 * j < left;
+        cp_async_small<2 * kDW / (GC ? GC : 32)>(ss + uint32_t(sc_lane_arr * kSCB + (sc_lane_k + 8 * j) * ng * 2),
+                                                in ? ps + 8 * j * ngf * 2 : a.k_scales, in);
+      }
+      return;
     }
     // (unrolled to the most pieces a lane can have: a runtime trip count cost ~60 instructions per
     // tile for what is one or two copies)
@@ -575,7 +622,8 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int d0 = F::kdim(ks, 2 * c + 8 * j), d1 = F::kdim(ks, 2 * c + 8 * j + 1);
-        bq[nt][ks][j] = Y::pack(qf[lr * D + d0] * F::beta(d0), qf[lr * D + d1] * F::beta(d1));
+        const float* qr = qf + lr * D + dc * kDW;  // (beta: d0 and dc kDW + d0 alike, kDW % 4 == 0)
+        bq[nt][ks][j] = Y::pack(qr[d0] * F::beta(d0), qr[d1] * F::beta(d1));
       }
 #pragma unroll
     for (int zi = 0; zi < kNZ; ++zi) {
@@ -584,7 +632,8 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
       for (int h = 0; h < 2; ++h) {
         const int slot = 8 * zi + 2 * c + h, arr = slot / kNGP, gg = slot % kNGP;
         v[h] = 0.0f;
-        if (arr < S::kNA && gg < ng) v[h] = arr == 0 ? qc[lr * kNGMax + gg] : -qo[lr * kNGMax + gg];
+        const int gq = lr * kNGMax + dc * ng + gg;  // the row's group of the warp's group gg
+        if (arr < S::kNA && gg < ng) v[h] = arr == 0 ? qc[gq] : -qo[gq];
       }
       // value = hi + lo, both in T
       const uint32_t hi = Y::pack(v[0], v[1]);
@@ -598,6 +647,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int e = 0; e < 2; ++e) crow[nt][e] = rowc[nt * 8 + 2 * c + e];
+  if constexpr (kDS > 1) __syncthreads();  // (the query rows' f32 copy becomes the logits exchange)
 
   // ---- online softmax state (log2 units) --------------------------------------------------------
   float m[NT][2], mb[NT][2], thr[NT][2], lsum[NT][2];
@@ -722,6 +772,35 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
           }
         }
       }
+    }
+
+    // ---- d-split: the logits are the sum of the kDS warps' partial sums, added in one order by
+    // every warp of the group (the same softmax in each, to the bit); two buffers by tile parity,
+    // so one barrier per tile suffices (a warp writes a buffer again only after the next barrier,
+    // which every warp reaches after its reads).
+    if constexpr (kDS > 1) {
+      constexpr int kV4 = S::kLogits / 4;
+      float4* xb = reinterpret_cast<float4*>(qf) + int(it & 1) * kWarps * kV4 * 32;  // [warp][v4][lane]
+      float4* mine = xb + warp * kV4 * 32 + lane;
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+          mine[(mt * NT + nt) * 32] = make_float4(sc[mt][nt][0], sc[mt][nt][1], sc[mt][nt][2], sc[mt][nt][3]);
+      if constexpr (kTG == 1) asm volatile("bar.sync 1, %0;\n" ::"n"(kDS * 32) : "memory");
+      else asm volatile("bar.sync %0, %1;\n" ::"r"(1 + tgrp), "n"(kDS * 32) : "memory");
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          float4 acc4 = xb[(tgrp * kDS * kV4 + mt * NT + nt) * 32 + lane];
+#pragma unroll
+          for (int w2 = 1; w2 < kDS; ++w2) {
+            const float4 v4 = xb[((tgrp * kDS + w2) * kV4 + mt * NT + nt) * 32 + lane];
+            acc4.x += v4.x, acc4.y += v4.y, acc4.z += v4.z, acc4.w += v4.w;
+          }
+          sc[mt][nt][0] = acc4.x, sc[mt][nt][1] = acc4.y, sc[mt][nt][2] = acc4.z, sc[mt][nt][3] = acc4.w;
+        }
     }
 
     // ---- softmax: y = logit * log2e - reference ----------------------------------------------
@@ -855,9 +934,10 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
   // ---- merge the warps into one partial per row ----------------------------------------------
   cp_wait<0>();
   __syncthreads();
-  float* mw = reinterpret_cast<float*>(smem);  // [kWarps][kRT]
-  float* lw = mw + kWarps * kRT;               // [kWarps][kRT]
-  float* ow = lw + kWarps * kRT;               // [kWarps][kRT][D]
+  // (one state per tile group: the kDS warps of a d-split group share m and l, each its dims of o)
+  float* mw = reinterpret_cast<float*>(smem);  // [kTG][kRT]
+  float* lw = mw + kTG * kRT;                  // [kTG][kRT]
+  float* ow = lw + kTG * kRT;                  // [kTG][kRT][D]
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -865,10 +945,10 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
       float l = lsum[nt][e];
 #pragma unroll
       for (int off = 4; off < 32; off <<= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
-      if (g == 0) {
+      if (g == 0 && dc == 0) {
         const int lr = nt * 8 + 2 * c + e;
-        mw[warp * kRT + lr] = m[nt][e];
-        lw[warp * kRT + lr] = l;
+        mw[tgrp * kRT + lr] = m[nt][e];
+        lw[tgrp * kRT + lr] = l;
       }
     }
 #pragma unroll
@@ -878,7 +958,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int lr = nt * 8 + 2 * c + (e & 1);
-        ow[(warp * kRT + lr) * D + FV::vdim(dt, g + 8 * (e >> 1))] = o[dt][nt][e];
+        ow[(tgrp * kRT + lr) * D + dc * kDW + FV::vdim(dt, g + 8 * (e >> 1))] = o[dt][nt][e];
       }
   __syncthreads();
   // Per row (one thread each): the warps' weights ex2(m_w - m) in place of m_w, the merged l and
@@ -887,10 +967,10 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
     const int lr = tid;
     float mx = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, mw[w * kRT + lr]);
+    for (int w = 0; w < kTG; ++w) mx = fmaxf(mx, mw[w * kRT + lr]);
     float l = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
+    for (int w = 0; w < kTG; ++w) {
       const float mwv = mw[w * kRT + lr];
       const float f = mwv == -INFINITY ? 0.0f : ex2(mwv - mx);
       l = fmaf(f, lw[w * kRT + lr], l);
@@ -904,7 +984,7 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
     const int lr = idx / D, d = idx - lr * D;
     float acc = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) acc = fmaf(mw[w * kRT + lr], ow[(w * kRT + lr) * D + d], acc);
+    for (int w = 0; w < kTG; ++w) acc = fmaf(mw[w * kRT + lr], ow[(w * kRT + lr) * D + d], acc);
     const float l = lw[lr], mx = lw[kRT + lr];
     if (kCl) {  // this split's state, for cluster_combine (the query rows' space is free now)
       qf[lr * D + d] = acc;

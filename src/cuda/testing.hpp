@@ -11,8 +11,11 @@ namespace qsdpa::cuda {
 Status attention_generic_kernel(const AttentionParams& p);
 
 // Whether attention() on Backend::cuda would run the tensor-core kernel for p (tests check that
-// the layouts they mean for it reach it).
+// the layouts they mean for it reach it): on the current device (none: as on one without sm_90a),
+// or on a device that runs sm_90a code (sm90a) or not. (sm_90a matters for D = 512 alone: its
+// instantiations exist for sm_90a only.)
 bool uses_tensor_cores(const AttentionParams& p);
+bool uses_tensor_cores(const AttentionParams& p, bool sm90a);
 
 // Allows (true, the default) or forbids the tensor-core kernel's in-kernel merge of a row tile's
 // splits through a thread-block cluster (sm_90; otherwise partials and the combine kernel), for

@@ -213,6 +213,35 @@ TEST(CudaAttention, TwoBitOnTensorCores) {
   EXPECT_EQ(n, 16);
 }
 
+// D = 512 runs on the tensor-core kernel (its d-split instantiations: groups of 64, devices of
+// compute capability 9.0 with a build for sm_90a) in every format: one to 24 query rows per KV
+// head (one and two n-tiles, two row tiles), masks, windows, sinks, short and long caches (many
+// splits, partial tiles); each case is checked to take the kernel meant, then held to the
+// reference (and the generic kernel with it).
+TEST(CudaAttention, HeadDim512OnTensorCores) {
+  QSDPA_REQUIRE_CUDA();
+  int major = 0, minor = 0;
+  CUDA_ASSERT(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  CUDA_ASSERT(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0));
+  const bool want = major == 9 && minor == 0 && cuda::fixed_group_build();
+  uint64_t seed = 9700;
+  int n = 0;
+  for (DType t : {DType::f16, DType::bf16})
+    for (auto [kb, vb] : {std::pair{4, 4}, std::pair{8, 8}, std::pair{8, 4}, std::pair{2, 2}})
+      for (int var = 0; var < 3; ++var) {
+        Case c = varied_case(n, t, {kb, 64}, {vb, 64}, 512, seed++);
+        if (var == 0) c.N = 77 + 13 * n;
+        if (var == 1) c.Hkv = 1, c.Hq = 16, c.N = 1000;  // 16 rows: two n-tiles
+        if (var == 2) c.Lq = 3, c.N = 5000 + n;          // 24 rows or fewer, many splits
+        ++n;
+        test::Problem h(c);
+        test::DeviceProblem d(h);
+        EXPECT_EQ(cuda::uses_tensor_cores(d.params()), want) << c.str();
+        EXPECT_EQ(test::run_cuda_case(c), "") << c.str();
+      }
+  EXPECT_EQ(n, 24);
+}
+
 // The same with two n-tiles of query rows (more than 8 rows per KV head) for every type and head
 // dim that has them, and row tiles beyond the first (24 rows: two blocks of 16).
 TEST(CudaAttention, MixedKeyValueBitsTwoNTiles) {

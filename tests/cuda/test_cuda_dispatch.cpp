@@ -59,7 +59,37 @@ TEST(CudaDispatch, GenericKernelTakesTheRest) {
         problem(DType::bf16, 8, 4, 64, 32, 128), problem(DType::f16, 8, 4, 128, 64, 128),
         problem(DType::f32, 4, 4, 64, 64, 128), problem(DType::f32, 8, 4, 64, 64, 128),
         problem(DType::f16, 4, 4, 32, 32, 96), problem(DType::f16, 8, 4, 64, 64, 512)})
-    EXPECT_FALSE(cuda::uses_tensor_cores(p)) << name(p);
+    EXPECT_FALSE(cuda::uses_tensor_cores(p, false)) << name(p);
+}
+
+TEST(CudaDispatch, HeadDim512OnSm90aWithGroupsOf64) {
+  // D = 512 (the d-split instantiations): every format of the tensor-core kernel with groups of 64
+  // on contiguous caches (dense, or capacities past N), on devices that run sm_90a code, and only
+  // where the build has sm_90a; other groups, paged caches and other devices: the generic kernel.
+  alignas(16) static int32_t table[2 * 256] = {};
+  int n = 0;
+  for (DType t : {DType::f16, DType::bf16})
+    for (auto [kb, vb] : {std::pair{4, 4}, std::pair{8, 8}, std::pair{8, 4}, std::pair{2, 2}}) {
+      for (int g : {32, 64, 128}) {
+        AttentionParams p = problem(t, kb, vb, g, g, 512);
+        const bool want = cuda::fixed_group_build() && g == 64;
+        EXPECT_EQ(cuda::uses_tensor_cores(p, true), want) << name(p);
+        EXPECT_FALSE(cuda::uses_tensor_cores(p, false)) << name(p);
+        EXPECT_EQ(cuda::uses_fixed_group(p, true), want) << name(p);
+        CacheLayout cap;
+        cap.head_stride = 4096 + 8;  // capacity past N
+        p.k.layout = p.v.layout = cap;
+        EXPECT_EQ(cuda::uses_tensor_cores(p, true), want) << name(p) << " capacity";
+        CacheLayout pages;
+        pages.block_table = table;
+        pages.block_table_stride = 256;
+        pages.page_size = 64;
+        p.k.layout = p.v.layout = pages;
+        EXPECT_FALSE(cuda::uses_tensor_cores(p, true)) << name(p) << " paged";
+        n += want;
+      }
+    }
+  EXPECT_EQ(n, cuda::fixed_group_build() ? 8 : 0);
 }
 
 TEST(CudaDispatch, MisalignedCacheGoesToTheGenericKernel) {

@@ -113,6 +113,43 @@ TEST_P(CudaServingMmaCombine, TensorCoreLayouts) {
 }
 INSTANTIATE_TEST_SUITE_P(Cases, CudaServingMmaCombine, ::testing::Range(0, int(mma_cases().size())));
 
+// D = 512 on contiguous caches with capacities past N, per-sequence lengths, strided q and out and
+// broadcast masks, every format: the tensor-core kernel (d-split) on devices of compute capability
+// 9.0 with a build for sm_90a, the generic kernel elsewhere; held to the reference either way.
+TEST(CudaServingWide, HeadDim512Capacities) {
+  QSDPA_REQUIRE_CUDA();
+  int major = 0, minor = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
+  const bool mma = major == 9 && minor == 0 && cuda::fixed_group_build();
+  const QuantFormat kf[] = {{4, 64}, {8, 64}, {8, 64}, {2, 64}}, vf[] = {{4, 64}, {8, 64}, {4, 64}, {2, 64}};
+  for (int i = 0; i < 8; ++i) {
+    ServingCase s;
+    s.c.dtype = i % 2 ? DType::bf16 : DType::f16;
+    s.c.kf = kf[i % 4], s.c.vf = vf[i % 4];
+    s.c.D = 512;
+    s.c.B = 3, s.c.Hkv = 1 + i % 2, s.c.Hq = (i < 4 ? 16 : 4) * s.c.Hkv;
+    s.c.N = 200 + 97 * i;
+    s.c.Lq = i % 3 == 1 ? 2 : 1;
+    s.c.seed = 800 + uint64_t(i);
+    s.kind = CacheKind::capacity;
+    s.capacity_extra = 8 - s.c.N % 8;
+    s.strided_q = i % 2 == 0;
+    s.c.sinks = i % 4 == 1;
+    s.c.window = i % 4 == 2 ? 50 : 0;
+    if (i % 4 == 3) s.c.float_mask = true, s.mask_broadcast_h = true;
+    const int32_t N = int32_t(s.c.N), L = int32_t(s.c.Lq);
+    s.kv_lens = {N, std::max(L, 33), N / 3 + 1};
+    if (i % 2 == 1) s.q_lens = {L, L > 1 ? L - 1 : 1, L > 1 ? 0 : 1};
+    EXPECT_EQ(run_cuda(s, mma), "") << s.str();
+    if (!mma) {
+      ServingProblem sp(s);
+      Mirror m;
+      EXPECT_FALSE(cuda::uses_tensor_cores(sp.params(Backend::cuda, m.map()))) << s.str();
+    }
+  }
+}
+
 // append on the GPU writes the same bytes as on the host, for every layout and several layers.
 TEST(CudaAppend, SameBytesAsHost) {
   QSDPA_REQUIRE_CUDA();
