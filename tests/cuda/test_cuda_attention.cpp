@@ -517,6 +517,10 @@ TEST(CudaSanitize, Representative) {
   c.dtype = DType::bf16, c.kf = c.vf = {2, 64}, c.B = 2, c.Hq = 8, c.Hkv = 2, c.Lq = 2, c.N = 900, c.D = 128,
   c.window = 300, c.sinks = true;
   cases.push_back(c);
+  c = Case{};  // D = 512 on the tensor cores (sm_90a: the d-split's shared-memory exchange)
+  c.dtype = DType::f16, c.kf = {8, 64}, c.vf = {4, 64}, c.B = 1, c.Hq = 16, c.Hkv = 1, c.N = 700, c.D = 512,
+  c.sinks = true, c.bool_mask = MaskKind::u8;
+  cases.push_back(c);
   for (const Case& cs : cases) EXPECT_EQ(test::run_cuda_case(cs), "") << cs.str();
   {  // the tensor-core case again with its splits merged by the combine kernel, not a cluster
     const bool was = cuda::set_cluster_merge(false);
