@@ -176,7 +176,7 @@ if [ "${QSDPA_GPU_NCU:-0}" = 1 ] && [ -x "$cli" ] && command -v ncu >/dev/null; 
       --launch-skip 20 --launch-count 4 \
       --metrics gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,launch__grid_size,launch__registers_per_thread,launch__occupancy_limit_registers \
       "$cli" bench --backend cuda --no-torch --B 1 --N 4096 --bits 4 --iters 20
-    for shape in "--B 32 --N 4096" "--B 1 --N 131072"; do
+    for shape in "--B 32 --N 4096" "--B 1 --N 131072" "--B 4 --Hq 16 --Hkv 1 --D 512 --N 32768"; do
       echo "===== $shape 4-bit: per-kernel durations ====="
       timeout "$(limit 60 20)" ncu --clock-control none -k regex:'attention_kernel|combine_kernel' \
         --launch-skip 20 --launch-count 2 --metrics gpu__time_duration.sum,launch__grid_size \
@@ -186,6 +186,10 @@ if [ "${QSDPA_GPU_NCU:-0}" = 1 ] && [ -x "$cli" ] && command -v ncu >/dev/null; 
     timeout "$(limit 60 20)" ncu --clock-control none -k regex:attention_kernel --launch-skip 20 --launch-count 1 \
       --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
       "$cli" bench --backend cuda --no-torch --B 1 --N 4096 --bits 4 --iters 20
+    echo "===== D=512 B=4 N=32768 4-bit: attention kernel, details ====="
+    timeout "$(limit 60 20)" ncu --clock-control none -k regex:attention_kernel --launch-skip 12 --launch-count 1 \
+      --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+      "$cli" bench --backend cuda --no-torch --B 4 --Hq 16 --Hkv 1 --D 512 --N 32768 --bits 4 --iters 5
     echo "===== B=8 N=32768 4-bit: attention kernel, details ====="
     timeout "$(limit 90 20)" ncu --clock-control none -k regex:attention_kernel --launch-skip 12 --launch-count 1 \
       --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \

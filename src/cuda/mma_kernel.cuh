@@ -128,7 +128,10 @@ struct Shape {
   static constexpr int kSCB = (kTileTokens * kNGW * 2 + 15) / 16 * 16 + 16;  // one scale array
   static constexpr int kStage = kTileTokens * (kRB + kRBV) + 4 * kSCB;
   static constexpr int kPipe = kWarps * STAGES * kStage;
-  static constexpr int kMerge = kTG * kRT * (D + 2) * 4;
+  // the merge of the warps' states: m [kTG][kRT], l [kLW][kRT] (the merged l and m of a row go to
+  // l[0] and l[1]: two slots at least), o [kTG][kRT][D]
+  static constexpr int kLW = kTG < 2 ? 2 : kTG;
+  static constexpr int kMerge = (kTG * kRT * (D + 1) + kLW * kRT) * 4;
   // d-split: the logits' partial sums of a tile, [2 tiles][kWarps][16 values][32 lanes] f32, in
   // the query rows' f32 copy (free once the q operands are in registers)
   static constexpr int kLogits = kMT * NT * 4;
@@ -936,8 +939,8 @@ __global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlock
   __syncthreads();
   // (one state per tile group: the kDS warps of a d-split group share m and l, each its dims of o)
   float* mw = reinterpret_cast<float*>(smem);  // [kTG][kRT]
-  float* lw = mw + kTG * kRT;                  // [kTG][kRT]
-  float* ow = lw + kTG * kRT;                  // [kTG][kRT][D]
+  float* lw = mw + kTG * kRT;                  // [kLW][kRT]
+  float* ow = lw + S::kLW * kRT;               // [kTG][kRT][D]
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
