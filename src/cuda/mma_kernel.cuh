@@ -96,6 +96,11 @@ constexpr bool kVScaleEveryPiece = QSDPA_MMA_VSCALE_EVERY != 0;
 // (attention_mma.cu); every other call takes GC = 0.
 constexpr int kGroupFixed = 64;
 constexpr int kMinBlocksWide = QSDPA_MMA_MIN_BLOCKS_WIDE;
+// The same for the d-split instantiations (D = 512; a build-time knob for tuning runs).
+#ifndef QSDPA_MMA_MIN_BLOCKS_DSPLIT
+#define QSDPA_MMA_MIN_BLOCKS_DSPLIT 2
+#endif
+constexpr int kMinBlocksDSplit = QSDPA_MMA_MIN_BLOCKS_DSPLIT;
 
 // Head dims per warp: D = 512 splits the head dims over the 4 warps of a block (kDS, "d-split"),
 // which then stream the same tiles, each its 128 dims of every row: the logits' partial sums meet
@@ -294,7 +299,8 @@ __device__ __forceinline__ void cluster_combine(const AttnArgs& a, const float* 
 // KDEN: f16 keys as subnormal codes, else as magic-number codes (ignored for bf16). LAYOUT: kContig,
 // kPaged, kPaged16, kAny or kContigCluster (above). GC: the group size, or 0 for a.k_group (above).
 template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, int LAYOUT, int GC>
-__global__ void __launch_bounds__(kWarps * 32, (D >= 256 || NT == 2) ? kMinBlocksWide
+__global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
+                                               : (D >= 256 || NT == 2) ? kMinBlocksWide
                                                : LAYOUT == kContig || LAYOUT == kContigCluster ? kMinBlocks
                                                : LAYOUT == kAny      ? kMinBlocksLayout
                                                                      : kMinBlocksPaged) attention_kernel(const AttnArgs a) {
