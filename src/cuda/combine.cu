@@ -25,8 +25,10 @@ constexpr int64_t kMaxBlocks = 1 << 20;
 // W groups of lanes per block, each the splits s = g (mod W) of the row: their o loads are
 // independent and have no branch, so that a group has all of its loads of a batch of 32 splits in
 // flight at once; the groups' sums meet in shared memory at the end (in group order). Measured on
-// an H200 (2026-12-01, ncu, one group: the splits one after another): 64 splits of 32 rows, D = 128,
-// 21 us; of 64 rows, D = 512, 22 us.
+// an H200 (2026-12-01, ncu; 64 splits of 32 rows, D = 128 / of 64 rows, D = 512): one group, the
+// splits one after another, 21.2 / 21.6 us; groups, the two batches of 32 splits one after the
+// other, 8.3 / 9.7 us (run 31); the first 64 splits' (m, l) are now read at once and both batches'
+// loads issued together.
 template <int W>
 __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -34,7 +36,7 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
   // finish and its partials to be visible. (A no-op when launched the ordinary way.)
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
-  constexpr int kLanes = W == 8 ? 32 : 128;  // lanes of a group at most (D <= 128, D <= 512)
+  constexpr int kLanes = W == 8 ? 32 : W == 4 ? 128 : 1;  // lanes of a group at most (groups 1..)
   __shared__ float4 red_o[W][kLanes];        // groups 1.. : their sums
   __shared__ float red_d[W][kLanes];
   const int D = int(a.D), S = a.num_splits;
@@ -49,18 +51,21 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
     const float* pl = a.part_l + row;
     const float* po = a.part_o + row * D + dc;
     const int64_t so = rows * D;
-    // Lane j holds split j's (m, l) of the first 32 splits, read once (a decode call rarely has
-    // more); the max over all splits and a split that attains it (its o is written: every split
+    // Lane j holds the (m, l) of splits j and j + 32 (the first 64), read once (a decode call rarely
+    // has more); the max over all splits and a split that attains it (its o is written: every split
     // that sees a key writes o, others may not).
-    float m_first = -INFINITY, l_first = 0.f;
-    if (lane < S) {
-      m_first = pm[int64_t(lane) * rows];
-      l_first = pl[int64_t(lane) * rows];
-    }
+    float mh[2] = {-INFINITY, -INFINITY}, lh[2] = {0.f, 0.f};
+#pragma unroll
+    for (int bt = 0; bt < 2; ++bt)
+      if (32 * bt + lane < S) {
+        mh[bt] = pm[int64_t(32 * bt + lane) * rows];
+        lh[bt] = pl[int64_t(32 * bt + lane) * rows];
+      }
     float mx = -INFINITY;  // (a NaN m is never the max, as with fmaxf)
     int arg = 0;
-    if (m_first > mx) mx = m_first, arg = lane;
-    for (int s0 = 32; s0 < S; s0 += 32) {
+    if (mh[0] > mx) mx = mh[0], arg = lane;
+    if (mh[1] > mx) mx = mh[1], arg = 32 + lane;
+    for (int s0 = 64; s0 < S; s0 += 32) {
       const int s = s0 + lane;
       if (s < S) {
         const float v = pm[int64_t(s) * rows];
@@ -75,6 +80,34 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
     }
     float r[4] = {0.f, 0.f, 0.f, 0.f};
     float denom = 0.f;
+    // The weighted sum of one batch of 32 splits from s0 (lane j's m and l: split s0 + j's, -inf and
+    // 0 when it sees no key or lies past S: its o, possibly never written, is not read, the load
+    // takes split arg's instead, weighted by 0): the group's splits of the batch in order (a
+    // sequential sum per group); every lane runs it (the shuffles need the whole warp).
+    const auto batch = [&](int s0, float mj, float lj) {
+      const bool visj = mj != -INFINITY;
+      const float wj = visj ? expf(mj - mx) : 0.f;
+      const auto one = [&](int k) {
+        const float w = __shfl_sync(0xffffffffu, wj, k);
+        const float l = __shfl_sync(0xffffffffu, lj, k);
+        const bool vis = __shfl_sync(0xffffffffu, visj ? 1 : 0, k) != 0;
+        // (an invisible split has w = 0 and l = 0, and the o read in its place is finite)
+        const float4 o = *reinterpret_cast<const float4*>(po + int64_t(vis ? s0 + k : arg) * so);
+        denom = fmaf(w, l, denom);
+        r[0] = fmaf(w, o.x, r[0]);
+        r[1] = fmaf(w, o.y, r[1]);
+        r[2] = fmaf(w, o.z, r[2]);
+        r[3] = fmaf(w, o.w, r[3]);
+      };
+      if constexpr (W == 1) {  // (few splits: only the batch's own)
+        const int n = min(32, S - s0);
+#pragma unroll 16
+        for (int k = 0; k < n; ++k) one(k);
+      } else {  // every group's share of the batch, loads without a branch
+#pragma unroll
+        for (int kk = 0; kk < 32 / W; ++kk) one(kk * W + grp);
+      }
+    };
     // (mx and arg are the same in every lane of the block; mx = -inf: no key is visible)
     if (mx != -INFINITY) {
       if (a.sinks) {  // (its term counted once, by group 0)
@@ -82,39 +115,20 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
         mx = fmaxf(mx, sink);
         if (grp == 0) denom = expf(sink - mx);
       }
-      for (int s0 = 0; s0 < S; s0 += 32) {
-        // lane j's split: its weight and l (both 0 when it sees no key or lies past S: its o,
-        // possibly never written, is not read: the load takes split arg's instead, weighted by 0)
+      batch(0, mh[0], lh[0]);
+      // the second batch: with groups, unconditionally (its loads in flight with the first's)
+      if (W > 1 || S > 32) batch(32, mh[1], lh[1]);
+      for (int s0 = 64; s0 < S; s0 += 32) {
         const int sj = s0 + lane;
-        float mj = m_first, lj = l_first;
-        if (s0 > 0) {
-          mj = -INFINITY, lj = 0.f;
-          if (sj < S) {
-            mj = pm[int64_t(sj) * rows];
-            lj = pl[int64_t(sj) * rows];
-          }
+        float mj = -INFINITY, lj = 0.f;
+        if (sj < S) {
+          mj = pm[int64_t(sj) * rows];
+          lj = pl[int64_t(sj) * rows];
         }
-        const bool visj = mj != -INFINITY;
-        const float wj = visj ? expf(mj - mx) : 0.f;
-        // The group's splits of the batch in order (a sequential sum per group); every lane runs
-        // the loop (the shuffles need the whole warp).
-#pragma unroll
-        for (int kk = 0; kk < 32 / W; ++kk) {
-          const int k = kk * W + grp;
-          const float w = __shfl_sync(0xffffffffu, wj, k);
-          const float l = __shfl_sync(0xffffffffu, lj, k);
-          const bool vis = __shfl_sync(0xffffffffu, visj ? 1 : 0, k) != 0;
-          // (an invisible split has w = 0 and l = 0, and the o read in its place is finite)
-          const float4 o = *reinterpret_cast<const float4*>(po + int64_t(vis ? s0 + k : arg) * so);
-          denom = fmaf(w, l, denom);
-          r[0] = fmaf(w, o.x, r[0]);
-          r[1] = fmaf(w, o.y, r[1]);
-          r[2] = fmaf(w, o.z, r[2]);
-          r[3] = fmaf(w, o.w, r[3]);
-        }
+        batch(s0, mj, lj);
       }
     }
-    if (W > 1) {
+    if constexpr (W > 1) {
       if (grp > 0) {
         red_o[grp][t] = make_float4(r[0], r[1], r[2], r[3]);
         red_d[grp][t] = denom;
@@ -152,10 +166,11 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
 cudaError_t combine_launch(const AttnArgs& a, cudaStream_t s) {
   const int64_t rows = a.B * a.Hq * a.Lq;
   const int lanes = std::max(32, int((a.D / 4 + 31) / 32 * 32));  // one group's: 4 elements of D each
-  // 8 groups of one warp (D <= 128), else 4 of up to 4 warps (D <= 512)
-  const bool eight = lanes == 32;
-  const int threads = lanes * (eight ? 8 : 4);
-  auto* kern = eight ? combine_kernel<8> : combine_kernel<4>;
+  // One group for a few splits (measured on an H200, B=32 N=4096, 2 splits: 5.2 us with one, 7.8
+  // with 8); else 8 groups of one warp (D <= 128), or 4 of up to 4 warps (D <= 512).
+  const int W = a.num_splits <= 4 ? 1 : lanes == 32 ? 8 : 4;
+  const int threads = lanes * W;
+  auto* kern = W == 1 ? combine_kernel<1> : W == 8 ? combine_kernel<8> : combine_kernel<4>;
   const int64_t blocks = std::min(rows, kMaxBlocks);
   // Once per device (devices 0..63): the same shared-memory carveout as the attention kernels
   // (max shared), so that the multiprocessors need not switch their L1 / shared split between
@@ -176,10 +191,11 @@ cudaError_t combine_launch(const AttnArgs& a, cudaStream_t s) {
     int major = 0;
     if (cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev); e != cudaSuccess)
       return e;
-    if (cudaError_t e = cudaFuncSetAttribute(combine_kernel<4>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                             int(cudaSharedmemCarveoutMaxShared));
-        e != cudaSuccess)
-      return e;
+    for (auto* k : {combine_kernel<1>, combine_kernel<4>})
+      if (cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                               int(cudaSharedmemCarveoutMaxShared));
+          e != cudaSuccess)
+        return e;
     if (major >= 9) pdl.fetch_or(bit, std::memory_order_acq_rel);
     opted.fetch_or(bit, std::memory_order_acq_rel);
   }

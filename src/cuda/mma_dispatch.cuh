@@ -33,14 +33,13 @@ constexpr bool kKeyDenorm = true;
 // n-tile and twice the row tiles for Lq = 4 was measured on an H200: 155 -> 202 us, K and V read
 // twice.)
 // 2-bit caches have one n-tile only (fewer instantiations to compile; more rows take more row tiles).
-// D = 512 is d-split (128 dims per warp, mma_kernel.cuh) and takes two n-tiles like D = 128
-// (QSDPA_MMA_DSPLIT_NTILES=1: one, and more row tiles; a build-time knob for tuning runs).
-#ifndef QSDPA_MMA_DSPLIT_NTILES
-#define QSDPA_MMA_DSPLIT_NTILES 2
-#endif
+// D = 512 is d-split (128 dims per warp, mma_kernel.cuh) and keeps one n-tile: measured on an H200
+// (2026-12-01, run 31, B=4 Hq=16 Hkv=1 N=32768, the same tree built both ways), two n-tiles and
+// half the row tiles took 88.8 / 96.4 us (4 / 8 bits), one n-tile 72.5 / 73.2 us: 255 registers
+// and two blocks per SM against one n-tile's lighter blocks (K and V read twice, the second time
+// mostly from L2).
 inline int n_tiles(const AttnArgs& a) {
-  const bool wide2 = a.D == 512 && QSDPA_MMA_DSPLIT_NTILES == 2;
-  return (a.Hq / a.Hkv * a.Lq > 8 && (a.D <= 128 || wide2) && a.k_bits != 2) ? 2 : 1;
+  return (a.Hq / a.Hkv * a.Lq > 8 && a.D <= 128 && a.k_bits != 2) ? 2 : 1;
 }
 
 // Launches the instantiation for `a` (which mma_supports() accepted) with the layout LAYOUT

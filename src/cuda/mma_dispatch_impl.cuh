@@ -24,10 +24,8 @@ template <int LAYOUT, bool MIXED, int GC, class Fn>
 auto visit(const AttnArgs& a, Fn&& fn) {
   const auto d = [&]<class T, int BITS, int VBITS>() {
     const bool two = n_tiles(a) == 2;
-    if constexpr (LAYOUT == mmak::kContigWide) {  // D = 512 (the d-split instantiations)
-      if constexpr (BITS == 2) return fn.template operator()<T, BITS, VBITS, 512, 1>();
-      else
-        return two ? fn.template operator()<T, BITS, VBITS, 512, 2>() : fn.template operator()<T, BITS, VBITS, 512, 1>();
+    if constexpr (LAYOUT == mmak::kContigWide) {  // D = 512 (the d-split instantiations: one n-tile)
+      return fn.template operator()<T, BITS, VBITS, 512, 1>();
     }
     if constexpr (BITS != 2 && GC == 0) {
       if (a.D == 64)

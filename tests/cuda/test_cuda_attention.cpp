@@ -215,7 +215,7 @@ TEST(CudaAttention, TwoBitOnTensorCores) {
 
 // D = 512 runs on the tensor-core kernel (its d-split instantiations: groups of 64, devices of
 // compute capability 9.0 with a build for sm_90a) in every format: one to 24 query rows per KV
-// head (one and two n-tiles, two row tiles), masks, windows, sinks, short and long caches (many
+// head (one to three row tiles), masks, windows, sinks, short and long caches (many
 // splits, partial tiles); each case is checked to take the kernel meant, then held to the
 // reference (and the generic kernel with it).
 TEST(CudaAttention, HeadDim512OnTensorCores) {
@@ -231,7 +231,7 @@ TEST(CudaAttention, HeadDim512OnTensorCores) {
       for (int var = 0; var < 3; ++var) {
         Case c = varied_case(n, t, {kb, 64}, {vb, 64}, 512, seed++);
         if (var == 0) c.N = 77 + 13 * n;
-        if (var == 1) c.Hkv = 1, c.Hq = 16, c.N = 1000;  // 16 rows: two n-tiles
+        if (var == 1) c.Hkv = 1, c.Hq = 16, c.N = 1000;  // 16 rows: two row tiles
         if (var == 2) c.Lq = 3, c.N = 5000 + n;          // 24 rows or fewer, many splits
         ++n;
         test::Problem h(c);
