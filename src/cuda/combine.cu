@@ -166,9 +166,12 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
 cudaError_t combine_launch(const AttnArgs& a, cudaStream_t s) {
   const int64_t rows = a.B * a.Hq * a.Lq;
   const int lanes = std::max(32, int((a.D / 4 + 31) / 32 * 32));  // one group's: 4 elements of D each
-  // One group for a few splits (measured on an H200, B=32 N=4096, 2 splits: 5.2 us with one, 7.8
-  // with 8); else 8 groups of one warp (D <= 128), or 4 of up to 4 warps (D <= 512).
-  const int W = a.num_splits <= 4 ? 1 : lanes == 32 ? 8 : 4;
+  // One group for a few splits or many rows (measured on an H200, ncu, 1024 rows of 2 splits, B=32
+  // N=4096: 5.2 us with one group, 7.8 with 8, while Lq=4 on the B=8 N=32768 shape, 1024 rows of
+  // 6 splits, went 116 -> 120 us end to end); else 8 groups of one warp (D <= 128), or 4 of up to 4
+  // warps (D <= 512): the few rows of a long-cache call with many splits (B=1 N=131072, 32 rows of
+  // 64 splits: 21.2 -> 5.5 us).
+  const int W = a.num_splits <= 4 || rows >= 512 ? 1 : lanes == 32 ? 8 : 4;
   const int threads = lanes * W;
   auto* kern = W == 1 ? combine_kernel<1> : W == 8 ? combine_kernel<8> : combine_kernel<4>;
   const int64_t blocks = std::min(rows, kMaxBlocks);
