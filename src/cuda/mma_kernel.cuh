@@ -4,7 +4,8 @@
 // other warps') through a private cp.async ring, computes the logits of all query rows of the
 // GQA group with mma (tokens on M, rows on N), keeps its own online softmax, accumulates Oᵀ with
 // mma (head dims on M, rows on N), and the 4 warps merge into one split-K partial at the end
-// (split_kv.cuh). mma_format.cuh says how packed words become mma operands.
+// (split_kv.cuh). D = 512 is d-split instead (Shape below): the 4 warps stream the same tiles,
+// 128 head dims each. mma_format.cuh says how packed words become mma operands.
 //
 // Why this shape: at full memory speed a 4-bit cache delivers ~32 elements per SM clock, and the
 // CUDA cores issue ~128 lane-operations per SM clock, so unpacking and softmax must cost a few

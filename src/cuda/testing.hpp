@@ -26,7 +26,8 @@ bool uses_cluster_merge(const AttentionParams& p);
 
 // Which layout instantiation of the tensor-core kernel would read p's caches: 0 contiguous, 1 paged
 // (one block table for K and V, pages of 32 tokens or more), 3 the same with 16-token pages, 2 any
-// other layout; -1 when the tensor-core kernel does not take p.
+// other layout; -1 when the tensor-core kernel does not take p (as on a device without sm_90a:
+// D = 512, whose contiguous caches are layout 5, is -1 here).
 int tensor_core_layout(const AttentionParams& p);
 
 // Whether the tensor-core kernel would take its instantiations with the group size 64 as a
