@@ -300,7 +300,8 @@ __device__ __forceinline__ void cluster_combine(const AttnArgs& a, const float* 
 }
 
 // KDEN: f16 keys as subnormal codes, else as magic-number codes (ignored for bf16). LAYOUT: kContig,
-// kPaged, kPaged16, kAny or kContigCluster (above). GC: the group size, or 0 for a.k_group (above).
+// kPaged, kPaged16, kAny, kContigCluster or kContigWide (above). GC: the group size, or 0 for
+// a.k_group (above).
 template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, int LAYOUT, int GC>
 __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
                                                : (D >= 256 || NT == 2) ? kMinBlocksWide
