@@ -617,6 +617,19 @@ bool qsdpa::cuda::uses_cluster_merge(const AttentionParams& p) {
   return plan.use_mma && detail::cluster_merge(a, f);
 }
 
+int qsdpa::cuda::planned_splits(const AttentionParams& p) {
+  int dev = 0;
+  if (p.N == 0 || cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  detail::DeviceFacts f;
+  if (!detail::device_facts(dev, &f)) return 0;
+  qsdpa::cuda::AttnArgs a = detail::make_args(p);
+  detail::make_plan(a, f);
+  return a.num_splits;
+}
+
 bool qsdpa::cuda::uses_fixed_group(const AttentionParams& p, bool sm90a) {
 #if QSDPA_HAVE_MMA
   qsdpa::cuda::AttnArgs a = detail::make_args(p);

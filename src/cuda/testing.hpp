@@ -23,6 +23,9 @@ bool uses_tensor_cores(const AttentionParams& p, bool sm90a);
 bool set_cluster_merge(bool on);
 // Whether attention(p) on Backend::cuda would merge in clusters on the current device now.
 bool uses_cluster_merge(const AttentionParams& p);
+// The number of splits (token ranges merged by the combine) attention(p) would plan on the current
+// device; 0 without a device or with N = 0.
+int planned_splits(const AttentionParams& p);
 
 // Which layout instantiation of the tensor-core kernel would read p's caches: 0 contiguous, 1 paged
 // (one block table for K and V, pages of 32 tokens or more), 3 the same with 16-token pages, 2 any

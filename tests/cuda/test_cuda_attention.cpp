@@ -446,11 +446,18 @@ TEST(CudaAttention, OtherHeadDimsAndMha) {
   }
 }
 
+// Long caches: more than 64 splits (the combine's lane groups over three and more batches of 32
+// splits), sinks, windows that leave splits without a visible key, masks.
 TEST(CudaAttention, LongCacheManySplits) {
   QSDPA_REQUIRE_CUDA();
   Case c;
   c.dtype = DType::f16, c.kf = c.vf = {4, 64};
   c.B = 1, c.Hq = 8, c.Hkv = 2, c.Lq = 1, c.N = 50000, c.D = 128, c.sinks = true, c.seed = 7;
+  {
+    test::Problem h(c);
+    test::DeviceProblem d(h);
+    EXPECT_GT(cuda::planned_splits(d.params()), 64) << c.str();
+  }
   EXPECT_EQ(test::run_cuda_case(c), "") << c.str();
   c.dtype = DType::bf16, c.kf = {8, 32}, c.vf = {4, 128}, c.Lq = 3, c.window = 3000, c.seed = 8;
   EXPECT_EQ(test::run_cuda_case(c), "") << c.str();
