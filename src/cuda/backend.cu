@@ -233,9 +233,22 @@ bool use_tensor_cores(const AttnArgs& a) {
 // SM)) from the kernel's occupancy. The plan takes the number of splits that minimizes it (the
 // fewest on a tie): one full wave when the (b, KV head) pairs are few, a whole number of waves
 // otherwise.
+// Whether the device runs sm_90a code (compute capability 9.0 alone).
+bool runs_sm90a(const DeviceFacts& f) { return f.cc_major == 9 && f.cc_minor == 0; }
+
+// The current device's facts (false without a device).
+bool current_device_facts(DeviceFacts* f) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return bool(device_facts(dev, f));
+}
+
 Plan make_plan(AttnArgs& a, const DeviceFacts& f, bool allow_mma = true) {
   const int sms = f.sms;
-  a.sm90a = f.cc_major == 9 && f.cc_minor == 0;  // (sm_90a code runs on 9.0 alone)
+  a.sm90a = runs_sm90a(f);
   Plan plan;
   plan.use_mma = allow_mma && use_tensor_cores(a);
   int64_t tile = cuda::kGenericTokenTile, min_tokens = kMinSplitTokensGeneric, units = a.plan_b * a.Hkv;
@@ -595,36 +608,23 @@ bool qsdpa::cuda::uses_tensor_cores(const AttentionParams& p, bool sm90a) {
 }
 
 bool qsdpa::cuda::uses_tensor_cores(const AttentionParams& p) {
-  int dev = 0;
   detail::DeviceFacts f;
-  const bool sm90a = cudaGetDevice(&dev) == cudaSuccess && detail::device_facts(dev, &f) && f.cc_major == 9 && f.cc_minor == 0;
-  cudaGetLastError();
-  return uses_tensor_cores(p, sm90a);
+  return uses_tensor_cores(p, detail::current_device_facts(&f) && detail::runs_sm90a(f));
 }
 
 bool qsdpa::cuda::set_cluster_merge(bool on) { return detail::g_cluster_allowed.exchange(on); }
 
 bool qsdpa::cuda::uses_cluster_merge(const AttentionParams& p) {
-  int dev = 0;
-  if (p.N == 0 || cudaGetDevice(&dev) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
   detail::DeviceFacts f;
-  if (!detail::device_facts(dev, &f)) return false;
+  if (p.N == 0 || !detail::current_device_facts(&f)) return false;
   qsdpa::cuda::AttnArgs a = detail::make_args(p);
   const detail::Plan plan = detail::make_plan(a, f);
   return plan.use_mma && detail::cluster_merge(a, f);
 }
 
 int qsdpa::cuda::planned_splits(const AttentionParams& p) {
-  int dev = 0;
-  if (p.N == 0 || cudaGetDevice(&dev) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
   detail::DeviceFacts f;
-  if (!detail::device_facts(dev, &f)) return 0;
+  if (p.N == 0 || !detail::current_device_facts(&f)) return 0;
   qsdpa::cuda::AttnArgs a = detail::make_args(p);
   detail::make_plan(a, f);
   return a.num_splits;

@@ -409,7 +409,8 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
   const uint8_t* gv = reinterpret_cast<const uint8_t*>(a.v_packed) + vrow_first * kRBGV + lane_v;
   const int sc_lane_arr = lane >> 3, sc_lane_k = lane & 7;  // this lane copies scale tensor lane/8
   const int64_t o_first = (sc_lane_arr < 2 ? krow_first : vrow_first) * ngf * 2;
-  const int soff = kDS == 1 ? int(o_first & 15) : 0;
+  // (0 with 16-token pages, whose first row is the head's offset, and with the d-split)
+  const int soff = kDS == 1 && !half ? int(o_first & 15) : 0;
   // (d-split: the lane's tokens are sc_lane_k + 8 j, each the ng groups of the warp's dims)
   const uint8_t* gsc = static_cast<const uint8_t*>(sc_lane_arr == 0   ? a.k_scales
                                                    : sc_lane_arr == 1 ? a.k_biases
@@ -431,10 +432,13 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
     const int64_t left = te - (t_first + it * tile_step);
     const uint32_t sk = wring + uint32_t(stage * S::kStage), sv = sk + kTW * kRB, ss = sv + kTW * kRBV;
     const uint32_t sd = ss + uint32_t(sc_lane_arr * kSCB + sc_lane_k * 16);
+    // The lane's first piece of the tile in K, V and its scale span (16-token pages: of rows 0..15,
+    // and pk2, pv2, ps2 of rows 16..31)
+    const uint8_t *pk, *pv, *ps, *pk2 = nullptr, *pv2 = nullptr, *ps2 = nullptr;
     if constexpr (half) {
-      // 16-token pages: rows 0..15 of the tile start page next_page, rows 16..31 page next_page2
-      // (tiles start at multiples of 32 tokens: t_begin, chunk and the window skip are, so a tile
-      // starts at a page). Absolute rows from the head's offset: no distances between pages.
+      // rows 0..15 of the tile start page next_page, rows 16..31 page next_page2 (tiles start at
+      // multiples of 32 tokens: t_begin, chunk and the window skip are, so a tile starts at a
+      // page). Absolute rows from the head's offset: no distances between pages.
       const int64_t r0p = int64_t(next_page) * a.kmap.page_stride, r1p = int64_t(next_page2) * a.kmap.page_stride;
       if (it + 1 < my_tiles) {
         const int64_t tn = t_first + (it + 1) * tile_step;
@@ -442,60 +446,34 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
         next_page = bn[0];
         if (tn + 16 < te) next_page2 = bn[1];
       }
-      const uint8_t* pk = gk + r0p * kRBG;
-      const uint8_t* pk2 = gk + r1p * kRBG;
-      const uint8_t* pv = gv + r0p * kRBGV;
-      const uint8_t* pv2 = gv + r1p * kRBGV;
-      if (left >= kTW) {
-        copy_rows<kC, kRBG, true, true>(sk, so, pk, a.k_packed, lane, left, pk2);
-        copy_rows<kCV, kRBGV, true, true>(sv, sov, pv, a.v_packed, lane, left, pv2);
-      } else {
-        copy_rows<kC, kRBG, false, true>(sk, so, pk, a.k_packed, lane, left, pk2);
-        copy_rows<kCV, kRBGV, false, true>(sv, sov, pv, a.v_packed, lane, left, pv2);
+      pk = gk + r0p * kRBG, pk2 = gk + r1p * kRBG;
+      pv = gv + r0p * kRBGV, pv2 = gv + r1p * kRBGV;
+      // (the spans start at a page, soff = 0: pieces k >= 2 ngf of a span are rows 16..31, whose
+      // span in the second page starts 32 ngf bytes earlier)
+      ps = gsc + r0p * (ngf * 2), ps2 = gsc + r1p * (ngf * 2) - 32 * ngf;
+    } else {
+      // rows from the first tile to this one (K and V in one layout: one lookup)
+      int64_t dk = it * tile_step, dv = dk;
+      if constexpr (kPg) {
+        const int64_t t = t_first + it * tile_step;
+        const int64_t pmask = (int64_t(1) << a.kmap.page_shift) - 1;
+        const int64_t hoff = kvh * a.kmap.head_stride;
+        dk = dv = int64_t(next_page) * a.kmap.page_stride + hoff + (t & pmask) - krow_first;
+        if (it + 1 < my_tiles) next_page = bt_b[(t + tile_step) >> a.kmap.page_shift];
+      } else if constexpr (LAYOUT == kAny) {
+        const int64_t t = t_first + it * tile_step;
+        dk = a.kmap.row(b, kvh, t) - krow_first;
+        dv = a.same_layout ? dk : a.vmap.row(b, kvh, t) - vrow_first;
       }
-      // The scale spans start at a page (soff = 0): pieces k < 2 ng of a span are rows 0..15,
-      // the others rows 16..31, whose span in the second page starts 32 ng bytes earlier.
-      const uint8_t* ps0 = gsc + r0p * (ngf * 2);
-      const uint8_t* ps1 = gsc + r1p * (ngf * 2) - 32 * ngf;
-      const int vlen = int(left < kTW ? left : kTW) * ng * 2;  // valid bytes of the span
-#pragma unroll
-      for (int j = 0; j < kSPL; ++j) {
-        const int k = sc_lane_k + 8 * j;
-        if (k < nch) {
-          const uint8_t* src = (k >= 2 * ngf ? ps1 : ps0) + 128 * j;
-          if (left >= kTW) {
-            cp_async16(sd + 128 * j, src, 16);
-          } else {
-            const int rest = vlen - 16 * k, nb = rest <= 0 ? 0 : rest >= 16 ? 16 : rest;
-            cp_async16(sd + 128 * j, nb > 0 ? src : a.k_scales, nb);
-          }
-        }
-      }
-      return;
+      pk = gk + dk * kRBG, pv = gv + dv * kRBGV;
+      ps = gsc + (sc_lane_arr < 2 ? dk : dv) * ngf * 2;
     }
-    // rows from the first tile to this one (K and V in one layout: one lookup)
-    int64_t dk = it * tile_step, dv = dk;
-    if constexpr (kPg) {
-      const int64_t t = t_first + it * tile_step;
-      const int64_t pmask = (int64_t(1) << a.kmap.page_shift) - 1;
-      const int64_t hoff = kvh * a.kmap.head_stride;
-      dk = dv = int64_t(next_page) * a.kmap.page_stride + hoff + (t & pmask) - krow_first;
-      if (it + 1 < my_tiles) next_page = bt_b[(t + tile_step) >> a.kmap.page_shift];
-    } else if constexpr (LAYOUT == kAny) {
-      const int64_t t = t_first + it * tile_step;
-      dk = a.kmap.row(b, kvh, t) - krow_first;
-      dv = a.same_layout ? dk : a.vmap.row(b, kvh, t) - vrow_first;
-    }
-    const uint8_t* pk = gk + dk * kRBG;
-    const uint8_t* pv = gv + dv * kRBGV;
-    const int vlen = soff + int(left < kTW ? left : kTW) * ng * 2;  // valid bytes of the span
-    const uint8_t* ps = gsc + (sc_lane_arr < 2 ? dk : dv) * ngf * 2;
     if (left >= kTW) {
-      copy_rows<kC, kRBG, true>(sk, so, pk, a.k_packed, lane, left);
-      copy_rows<kCV, kRBGV, true>(sv, sov, pv, a.v_packed, lane, left);
+      copy_rows<kC, kRBG, true, half>(sk, so, pk, a.k_packed, lane, left, pk2);
+      copy_rows<kCV, kRBGV, true, half>(sv, sov, pv, a.v_packed, lane, left, pv2);
     } else {  // the last, partial tile: rows past the end are zero-filled, never read
-      copy_rows<kC, kRBG, false>(sk, so, pk, a.k_packed, lane, left);
-      copy_rows<kCV, kRBGV, false>(sv, sov, pv, a.v_packed, lane, left);
+      copy_rows<kC, kRBG, false, half>(sk, so, pk, a.k_packed, lane, left, pk2);
+      copy_rows<kCV, kRBGV, false, half>(sv, sov, pv, a.v_packed, lane, left, pv2);
     }
     if constexpr (kDS > 1) {  // d-split: the 2 ng bytes of each of the lane's 4 tokens
 #pragma unroll
@@ -506,13 +484,16 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
       }
       return;
     }
+    const int vlen = soff + int(left < kTW ? left : kTW) * ng * 2;  // valid bytes of the span
+    // the piece k = sc_lane_k + 8 j of the span
+    const auto span_piece = [&](int j, int k) { return (half && k >= 2 * ngf ? ps2 : ps) + 128 * j; };
     // (unrolled to the most pieces a lane can have: a runtime trip count cost ~60 instructions per
     // tile for what is one or two copies)
     if (left >= kTW && soff == 0) {  // a full tile whose spans start at 16 bytes: whole pieces
 #pragma unroll
       for (int j = 0; j < kSPL; ++j) {
         const int k = sc_lane_k + 8 * j;
-        if (k < nch) cp_async16(sd + 128 * j, ps + 128 * j, 16);
+        if (k < nch) cp_async16(sd + 128 * j, span_piece(j, k), 16);
       }
     } else {
 #pragma unroll
@@ -520,7 +501,7 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
         const int k = sc_lane_k + 8 * j;
         if (k < nch) {
           const int rest = vlen - 16 * k, nb = rest <= 0 ? 0 : rest >= 16 ? 16 : rest;
-          cp_async16(sd + 128 * j, nb > 0 ? ps + 128 * j : a.k_scales, nb);
+          cp_async16(sd + 128 * j, nb > 0 ? span_piece(j, k) : a.k_scales, nb);
         }
       }
     }

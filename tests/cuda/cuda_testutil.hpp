@@ -26,6 +26,18 @@
     ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_);      \
   } while (0)
 
+// Whether device 0 has compute capability 9.0 and the build has the sm_90a instantiations (the
+// tensor-core kernel takes D = 512 there alone).
+inline bool device_takes_sm90a_kernels() {
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return major == 9 && minor == 0 && qsdpa::cuda::fixed_group_build();
+}
+
 namespace qsdpa::test {
 
 // A device allocation (nullptr for 0 bytes), freed on destruction.

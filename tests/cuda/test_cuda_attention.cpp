@@ -220,10 +220,7 @@ TEST(CudaAttention, TwoBitOnTensorCores) {
 // reference (and the generic kernel with it).
 TEST(CudaAttention, HeadDim512OnTensorCores) {
   QSDPA_REQUIRE_CUDA();
-  int major = 0, minor = 0;
-  CUDA_ASSERT(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
-  CUDA_ASSERT(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0));
-  const bool want = major == 9 && minor == 0 && cuda::fixed_group_build();
+  const bool want = device_takes_sm90a_kernels();
   uint64_t seed = 9700;
   int n = 0;
   for (DType t : {DType::f16, DType::bf16})

@@ -118,10 +118,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaServingMmaCombine, ::testing::Range(0, int(m
 // 9.0 with a build for sm_90a, the generic kernel elsewhere; held to the reference either way.
 TEST(CudaServingWide, HeadDim512Capacities) {
   QSDPA_REQUIRE_CUDA();
-  int major = 0, minor = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
-  const bool mma = major == 9 && minor == 0 && cuda::fixed_group_build();
+  const bool mma = device_takes_sm90a_kernels();
   const QuantFormat kf[] = {{4, 64}, {8, 64}, {8, 64}, {2, 64}}, vf[] = {{4, 64}, {8, 64}, {4, 64}, {2, 64}};
   for (int i = 0; i < 8; ++i) {
     ServingCase s;
