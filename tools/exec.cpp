@@ -263,13 +263,18 @@ Status Runner::time_graph(int warmup, int iters, double* median_us) {
   if (backend_ != Backend::cuda) return error(StatusCode::invalid_argument, "graph timing needs the cuda backend");
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_);
   const size_t ws = qsdpa::attention_workspace_size(params_[0]);
-  if (!workspace_) QSDPA_CUDA_TRY(cudaMalloc(&workspace_, std::max<size_t>(ws, kAlign)));
+  if (!workspace_) {
+    QSDPA_CUDA_TRY(cudaMalloc(&workspace_, std::max<size_t>(ws, kAlign)));
+    // zero-filled once: the graphs' calls then merge their splits in the attention kernel
+    QSDPA_CUDA_TRY(cudaMemset(workspace_, 0, std::max<size_t>(ws, kAlign)));
+  }
   std::vector<cudaGraphExec_t> execs;
   Status result;
   for (size_t c = 0; c < params_.size() && result; ++c) {
     qsdpa::AttentionParams p = params_[c];
     p.workspace = workspace_;
     p.workspace_bytes = ws;
+    p.workspace_zeroed = true;
     result = cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
     if (!result) break;
     Status st = qsdpa::attention(p);

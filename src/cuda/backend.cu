@@ -60,6 +60,12 @@ constexpr int64_t kMaxSplits = 4096;
 #endif
 constexpr int kClusterSplits = QSDPA_MMA_CLUSTER_SPLITS;
 std::atomic<bool> g_cluster_allowed{true};  // cuda::set_cluster_merge (a test hook)
+// The in-kernel merge of the splits (in_kernel_merge below); -DQSDPA_IN_KERNEL_MERGE=0 starts with it
+// off (a tuning knob: the same tree with the combine kernel).
+#ifndef QSDPA_IN_KERNEL_MERGE
+#define QSDPA_IN_KERNEL_MERGE 1
+#endif
+std::atomic<bool> g_in_kernel_merge_allowed{QSDPA_IN_KERNEL_MERGE != 0};  // cuda::set_in_kernel_merge (a test hook)
 
 Status error(StatusCode c, std::string msg) { return make_status(c, std::move(msg), Backend::cuda); }
 
@@ -321,11 +327,27 @@ bool cluster_merge(const AttnArgs& a, const DeviceFacts& f) {
 #endif
 }
 
-// Points the partials into the workspace (16-byte aligned; partials_bytes() leaves room).
+// Whether a tensor-core plan that does not merge in clusters merges its splits in the kernel
+// (AttnArgs::counters) rather than in the combine kernel: when the workspace's counters are known
+// to be zero (`zeroed`: the library's own workspace, or the caller's with workspace_zeroed), the
+// row tiles have counters (kInKernelMergeSlots) and the splits fit the kernel's scratch. Measured
+// on an H200 (2026-12-01) the combine kernel cost 3-5 us per call end to end.
+bool in_kernel_merge(const AttnArgs& a, bool zeroed) {
+#if QSDPA_HAVE_MMA
+  return zeroed && g_in_kernel_merge_allowed.load(std::memory_order_relaxed) && !a.cluster &&
+         a.num_splits <= cuda::kInKernelMergeMaxSplits && a.B * a.Hkv * cuda::mma_row_tiles(a) <= cuda::kInKernelMergeSlots;
+#else
+  (void)a, (void)zeroed;
+  return false;
+#endif
+}
+
+// Points the counters and the partials into the workspace (16-byte aligned; partials_bytes()
+// leaves room): the counters first, at a place that does not depend on the call.
 void place_partials(AttnArgs& a, void* ws) {
   const auto align16 = [](uintptr_t x) { return (x + 15) & ~uintptr_t(15); };
   const size_t n = size_t(a.num_splits) * size_t(a.B * a.Hq * a.Lq);
-  const uintptr_t base = align16(reinterpret_cast<uintptr_t>(ws));
+  const uintptr_t base = align16(reinterpret_cast<uintptr_t>(ws)) + cuda::kCounterBytes;
   a.part_m = reinterpret_cast<float*>(base);
   a.part_l = a.part_m + n;
   a.part_o = reinterpret_cast<float*>(align16(reinterpret_cast<uintptr_t>(a.part_l + n)));
@@ -379,6 +401,13 @@ Status library_workspace(int dev, cudaStream_t stream, size_t need, void** out) 
     cudaGetLastError();
     w.ptr = nullptr;
     return cuda_status(e, ("cudaMalloc(workspace, " + std::to_string(bytes) + " bytes)").c_str());
+  }
+  // The in-kernel merge's counters start at zero (and every call leaves them so).
+  if (cudaError_t e = cudaMemsetAsync(w.ptr, 0, cuda::kCounterBytes + 16, stream); e != cudaSuccess) {
+    cudaGetLastError();
+    cudaFree(w.ptr);
+    w.ptr = nullptr;
+    return cuda_status(e, "cudaMemsetAsync(workspace counters)");
   }
   w.bytes = bytes;
   *out = w.ptr;
@@ -533,9 +562,11 @@ Status run_attention(const AttentionParams& p, bool allow_mma) {
 #if QSDPA_HAVE_MMA
   if (plan.use_mma) {
     a.cluster = cluster_merge(a, f);
+    if (in_kernel_merge(a, !p.workspace || p.workspace_zeroed))
+      a.counters = reinterpret_cast<int*>((reinterpret_cast<uintptr_t>(ws) + 15) & ~uintptr_t(15));
     e = cuda::mma_launch(a, stream);
     if (e != cudaSuccess) return cuda_status(e, "attention (tensor-core kernel) launch");
-    if (a.cluster) return make_status(StatusCode::ok, "", Backend::cuda);  // it wrote out
+    if (a.cluster || a.counters) return make_status(StatusCode::ok, "", Backend::cuda);  // it wrote out
   }
 #endif
   if (!plan.use_mma) {
@@ -620,6 +651,18 @@ bool qsdpa::cuda::uses_cluster_merge(const AttentionParams& p) {
   qsdpa::cuda::AttnArgs a = detail::make_args(p);
   const detail::Plan plan = detail::make_plan(a, f);
   return plan.use_mma && detail::cluster_merge(a, f);
+}
+
+bool qsdpa::cuda::set_in_kernel_merge(bool on) { return detail::g_in_kernel_merge_allowed.exchange(on); }
+
+bool qsdpa::cuda::uses_in_kernel_merge(const AttentionParams& p) {
+  detail::DeviceFacts f;
+  if (p.N == 0 || !detail::current_device_facts(&f)) return false;
+  qsdpa::cuda::AttnArgs a = detail::make_args(p);
+  const detail::Plan plan = detail::make_plan(a, f);
+  if (!plan.use_mma) return false;
+  a.cluster = detail::cluster_merge(a, f);
+  return detail::in_kernel_merge(a, !p.workspace || p.workspace_zeroed);
 }
 
 int qsdpa::cuda::planned_splits(const AttentionParams& p) {

@@ -299,6 +299,102 @@ __device__ __forceinline__ void cluster_combine(const AttnArgs& a, const float* 
   cluster_sync();
 }
 
+// The in-kernel merge of the splits (a.counters non-null; split_kv.cuh), called by every thread of
+// the block once its share of the block's partials (part_m, part_l, part_o of the tile's nrows
+// rows) is stored. The block counts its arrival in counters[blockIdx.x]; the last of the
+// gridDim.y splits to arrive sets the counter back to 0 and merges the partials as the combine
+// kernel does (combine.cu: the splits' weights exp(m_s - max), the row's sink, zeros where no key
+// is visible, one division, one rounding to T), in `scratch` (shared memory, 16 bytes, [RT][S]
+// weights, RT (1 / denominator, split attaining the max) pairs). The partials are read from L2 (ld.cg):
+// they were written by other multiprocessors, whose stores the L1 of this one does not see.
+// Measured on an H200 (2026-12-01), the separate combine kernel cost 3-5 us per call end to end.
+template <int RT>
+__device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch, int nrows, int r0, int64_t b,
+                                              int64_t kvh, int rep, int Lq) {
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, S = int(gridDim.y), D = int(a.D);
+  int* last = reinterpret_cast<int*>(scratch);
+  __threadfence();  // this thread's partials are visible on the device before the arrival is
+  __syncthreads();
+  if (tid == 0) {
+    const int before = atomicAdd(a.counters + blockIdx.x, 1);
+    *last = before == S - 1;
+    if (before == S - 1) a.counters[blockIdx.x] = 0;  // (all splits arrived: zero for the next call)
+  }
+  __syncthreads();
+  if (!*last) return;
+  __threadfence();  // (the other splits' partials, behind their arrivals)
+  const int64_t rows_total = a.B * a.Hq * a.Lq;
+  float* wgt = scratch + 4;               // [RT][S]
+  float* rinv = wgt + RT * S;             // [RT] 1 / denominator, 0: no key visible
+  int* rarg = reinterpret_cast<int*>(rinv + RT);  // [RT] a split attaining the max
+  const auto head_of = [&](int lr, int& i) { return kvh * rep + row_head(r0 + lr, Lq, i); };
+  // Per row, one warp: lanes over the splits.
+  for (int lr = warp; lr < nrows; lr += kWarps) {
+    int i;
+    const int64_t h = head_of(lr, i), row = (b * a.Hq + h) * a.Lq + i;
+    float mx = -INFINITY;  // (a NaN m is never the max, as with fmaxf)
+    int arg = 0;
+    for (int s = lane; s < S; s += 32) {
+      const float v = __ldcg(a.part_m + int64_t(s) * rows_total + row);
+      if (v > mx) mx = v, arg = s;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      const float om = __shfl_xor_sync(0xffffffffu, mx, off);
+      const int oa = __shfl_xor_sync(0xffffffffu, arg, off);
+      if (om > mx || (om == mx && oa < arg)) mx = om, arg = oa;
+    }
+    const float m_all = mx;  // -inf: no key visible (zeros, with or without a sink)
+    float denom = 0.0f;
+    if (m_all != -INFINITY && a.sinks) mx = fmaxf(mx, a.sinks[h]);
+    for (int s = lane; s < S; s += 32) {
+      const float ms = __ldcg(a.part_m + int64_t(s) * rows_total + row);
+      const float w = ms == -INFINITY || m_all == -INFINITY ? 0.0f : expf(ms - mx);
+      denom = fmaf(w, __ldcg(a.part_l + int64_t(s) * rows_total + row), denom);
+      wgt[lr * S + s] = w;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) denom += __shfl_xor_sync(0xffffffffu, denom, off);
+    if (lane == 0) {
+      if (m_all != -INFINITY && a.sinks) denom += expf(a.sinks[h] - mx);
+      rinv[lr] = m_all == -INFINITY ? 0.0f : 1.0f / denom;
+      rarg[lr] = arg;
+    }
+  }
+  __syncthreads();
+  // Four consecutive elements of a row per thread: 16-byte loads of every split's o (a split with
+  // no visible key, weight 0, may have left its o unwritten: split arg's is read in its place).
+  const int D4 = D / 4;
+  for (int idx = tid; idx < nrows * D4; idx += kWarps * 32) {
+    const int lr = idx / D4, d = 4 * (idx - lr * D4);
+    int i;
+    const int64_t h = head_of(lr, i), row = (b * a.Hq + h) * a.Lq + i;
+    const float inv = rinv[lr];
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (inv != 0.0f) {
+      const int arg = rarg[lr];
+      const float* po = a.part_o + row * D + d;
+#pragma unroll 8
+      for (int s = 0; s < S; ++s) {
+        const float w = wgt[lr * S + s];
+        const float4 o = __ldcg(reinterpret_cast<const float4*>(po + (int64_t(w != 0.0f ? s : arg) * rows_total) * D));
+        acc.x = fmaf(w, o.x, acc.x), acc.y = fmaf(w, o.y, acc.y), acc.z = fmaf(w, o.z, acc.z),
+        acc.w = fmaf(w, o.w, acc.w);
+      }
+      acc.x *= inv, acc.y *= inv, acc.z *= inv, acc.w *= inv;
+    }
+    const int64_t o = a.omap.at(b, h, i) + d;
+    if (a.dtype == kF32 && (reinterpret_cast<uintptr_t>(static_cast<float*>(a.out) + o) & 15) == 0) {
+      *reinterpret_cast<float4*>(static_cast<float*>(a.out) + o) = acc;
+    } else {
+      store_t(a.out, a.dtype, o, acc.x);
+      store_t(a.out, a.dtype, o + 1, acc.y);
+      store_t(a.out, a.dtype, o + 2, acc.z);
+      store_t(a.out, a.dtype, o + 3, acc.w);
+    }
+  }
+}
+
 // KDEN: f16 keys as subnormal codes, else as magic-number codes (ignored for bf16). LAYOUT: kContig,
 // kPaged, kPaged16, kAny, kContigCluster or kContigWide (above). GC: the group size, or 0 for
 // a.k_group (above).
@@ -318,6 +414,7 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
   constexpr int kTW = kTileTokens, kSCB = S::kSCB, kNZ = S::kNZ, kNGP = S::kNGP, kNGMax = S::kNGMax;
   constexpr int kDS = S::kDS, kTG = S::kTG, kDW = S::kDW;
   static_assert(kDS == 1 || (GC != 0 && LAYOUT == kContigWide), "d-split: contiguous caches, a constant group");
+  static_assert(16 + kRT * kInKernelMergeMaxSplits * 8 <= S::kMain, "the in-kernel merge's scratch fits");
   extern __shared__ __align__(16) uint8_t smem[];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // The combine kernel may be placed now (it is launched as a programmatic dependent and waits for
@@ -368,6 +465,7 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
       a.part_m[prow] = -INFINITY;
       a.part_l[prow] = 0.0f;
     }
+    if (a.counters) merge_if_last<kRT>(a, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
     return;
   }
   if (a.window > 0) {
@@ -993,6 +1091,8 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
     }
   }
   if (kCl) cluster_combine<D, kRT>(a, qc, qc + kRT, qf, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
+  // (its scratch space: the warps' states, free once every thread has passed its first barrier)
+  else if (a.counters) merge_if_last<kRT>(a, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
 }
 
 // A launch of `kern`'s blocks (dynamic shared memory smem) in clusters of `splits` along y; `attr`

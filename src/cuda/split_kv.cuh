@@ -73,12 +73,26 @@ struct AttnArgs {
   // instantiations with a constant group size (attention_mma.cu, fixed_group).
   int sm90a;
   int64_t plan_b;  // (host only) sequences the split planner assumes: B, or the batch's tokens / N
+  // Non-null: the tensor-core kernel merges the splits itself. Each block counts its arrival in
+  // counters[blockIdx.x] once its partials are written; the last of a row tile's splits merges
+  // them and writes `out` as the combine kernel would, and sets the counter back to 0 (no combine
+  // launch). The counters are zero before the call (the workspace's first kInKernelMergeSlots int32,
+  // zero-filled once) and again after it.
+  int* counters;
 };
 
-// Workspace bytes for a given number of splits.
+// The workspace: kInKernelMergeSlots int32 counters first (at a fixed place, so that no call's
+// partials overwrite another call's counters), then the partials (16-byte aligned).
+constexpr int64_t kInKernelMergeSlots = 16384;
+constexpr size_t kCounterBytes = size_t(kInKernelMergeSlots) * sizeof(int);
+// The most splits the in-kernel merge takes (its weights, [rows of a tile][splits] f32, live in the
+// kernel's shared memory); more go to the combine kernel.
+constexpr int kInKernelMergeMaxSplits = 128;
+
+// Workspace bytes for a given number of splits (the counters, then the partials).
 inline size_t partials_bytes(int64_t rows, int64_t D, int num_splits) {
   const size_t s = size_t(num_splits) * size_t(rows);
-  return s * sizeof(float) * (2 + size_t(D)) + 256;
+  return kCounterBytes + s * sizeof(float) * (2 + size_t(D)) + 256;
 }
 
 }  // namespace qsdpa::cuda

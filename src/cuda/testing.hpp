@@ -23,6 +23,11 @@ bool uses_tensor_cores(const AttentionParams& p, bool sm90a);
 bool set_cluster_merge(bool on);
 // Whether attention(p) on Backend::cuda would merge in clusters on the current device now.
 bool uses_cluster_merge(const AttentionParams& p);
+// Allows (true, the default) or forbids the tensor-core kernel's in-kernel merge of the splits
+// through counters in the workspace (AttnArgs::counters; otherwise the combine kernel) for the
+// whole process; returns the previous setting. Whether attention(p) would take it now.
+bool set_in_kernel_merge(bool on);
+bool uses_in_kernel_merge(const AttentionParams& p);
 // The number of splits (token ranges merged by the combine) attention(p) would plan on the current
 // device; 0 without a device or with N = 0.
 int planned_splits(const AttentionParams& p);

@@ -178,6 +178,7 @@ inline std::string run_cuda_case(const Case& c, const AttentionParams* overrides
     p.stream = overrides->stream;
     p.workspace = overrides->workspace;
     p.workspace_bytes = overrides->workspace_bytes;
+    p.workspace_zeroed = overrides->workspace_zeroed;
   }
   const Status s = attention(p);
   if (!s) return "attention failed: " + s.message;

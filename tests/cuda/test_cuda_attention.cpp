@@ -456,11 +456,30 @@ TEST(CudaAttention, LongCacheManySplits) {
     EXPECT_GT(cuda::planned_splits(d.params()), 64) << c.str();
   }
   EXPECT_EQ(test::run_cuda_case(c), "") << c.str();
+  const Case c4 = c;
   c.dtype = DType::bf16, c.kf = {8, 32}, c.vf = {4, 128}, c.Lq = 3, c.window = 3000, c.seed = 8;
   EXPECT_EQ(test::run_cuda_case(c), "") << c.str();
   c.dtype = DType::f32, c.kf = {2, 64}, c.vf = {8, 64}, c.Lq = 2, c.window = 0, c.N = 20000, c.D = 256,
   c.Hq = 4, c.Hkv = 1, c.bool_mask = MaskKind::u32, c.seed = 9;
   EXPECT_EQ(test::run_cuda_case(c), "") << c.str();
+  // At most 128 splits (and more than a cluster takes) merge in the tensor-core kernel (the first
+  // case has more, 131 on an H200: the combine kernel): the first case with a cache of 16000
+  // tokens, and the same with the combine kernel.
+  c = c4;
+  c.N = 16000, c.Lq = 2, c.seed = 10;
+  {
+    test::Problem h(c);
+    test::DeviceProblem d(h);
+    const int splits = cuda::planned_splits(d.params());
+    EXPECT_GT(splits, 16) << c.str();
+    EXPECT_EQ(cuda::uses_in_kernel_merge(d.params()), cuda::uses_tensor_cores(d.params()) && splits <= 128)
+        << splits << " splits: " << c.str();
+  }
+  EXPECT_EQ(test::run_cuda_case(c), "") << c.str();
+  const bool was = cuda::set_in_kernel_merge(false);
+  const std::string r = test::run_cuda_case(c);
+  cuda::set_in_kernel_merge(was);
+  EXPECT_EQ(r, "") << "combine kernel: " << c.str();
 }
 
 // Buffers at offsets that break 16-, 8- and 4-byte alignment (packed words at 4 bytes, T-typed
@@ -533,7 +552,8 @@ TEST(CudaSanitize, Representative) {
     EXPECT_EQ(r, "") << "combine kernel: " << cases[0].str();
   }
 
-  // caller-provided workspace
+  // caller-provided workspace (the combine kernel), and the same zero-filled (the in-kernel merge,
+  // without clusters), twice
   test::Problem h(cases[0]);
   test::DeviceProblem d(h);
   AttentionParams p = d.params();
@@ -545,4 +565,16 @@ TEST(CudaSanitize, Representative) {
   ASSERT_TRUE(s.ok()) << s.message;
   ASSERT_EQ(d.fetch(), "");
   EXPECT_EQ(d.check(), "");
+  const bool was = cuda::set_cluster_merge(false);
+  CUDA_ASSERT(cudaMemset(ws.get(), 0, bytes));
+  p.workspace_zeroed = true;
+  EXPECT_EQ(cuda::uses_in_kernel_merge(p), cuda::uses_tensor_cores(p));
+  for (int call = 0; call < 2; ++call) {
+    d.poison();
+    const Status z = attention(p);
+    ASSERT_TRUE(z.ok()) << z.message;
+    ASSERT_EQ(d.fetch(), "");
+    EXPECT_EQ(d.check(), "") << "in-kernel merge, call " << call;
+  }
+  cuda::set_cluster_merge(was);
 }

@@ -157,6 +157,116 @@ TEST(CudaRuntime, GraphCaptureWithWorkspace) {
   cudaGraphDestroy(graph);
 }
 
+namespace {
+
+// A decode step large enough that its row tiles' splits do not run as clusters (more blocks than
+// multiprocessors): the tensor-core kernel merges them itself, or the combine kernel does.
+Case many_blocks_case(uint64_t seed) {
+  Case c;
+  c.dtype = DType::f16, c.kf = c.vf = {4, 64};
+  c.B = 4, c.Hq = 32, c.Hkv = 8, c.Lq = 1, c.N = 8192, c.D = 128, c.sinks = true, c.seed = seed;
+  return c;
+}
+
+struct RestoreInKernelMerge {
+  bool was = cuda::set_in_kernel_merge(true);
+  ~RestoreInKernelMerge() { cuda::set_in_kernel_merge(was); }
+};
+
+}  // namespace
+
+// The in-kernel merge of the splits counts each row tile's arrivals in the workspace and leaves
+// the counters at zero: calls of different grids and split counts one after another on one
+// stream's library workspace, each repeated, each output poisoned before and checked after (a
+// counter left non-zero makes the next call's last split miss its turn: out stays poisoned, or is
+// merged before all splits are in).
+TEST(CudaRuntime, InKernelMergeAcrossCalls) {
+  QSDPA_REQUIRE_CUDA();
+  const RestoreInKernelMerge restore;  // (on for the test, as it was after)
+  Stream st;
+  std::vector<Case> cases;
+  Case c = many_blocks_case(30);
+  cases.push_back(c);
+  c.B = 2, c.Lq = 3, c.N = 30000, c.window = 9000, c.bool_mask = test::MaskKind::u8, c.seed = 31;
+  cases.push_back(c);
+  c = many_blocks_case(32);
+  c.dtype = DType::bf16, c.kf = {8, 64}, c.vf = {4, 64}, c.B = 8, c.Hq = 16, c.Hkv = 4, c.N = 5000, c.D = 256;
+  cases.push_back(c);
+  c = many_blocks_case(33);
+  c.B = 3, c.Hq = 16, c.Hkv = 16, c.N = 2000, c.D = 64, c.float_mask = true, c.sinks = false;
+  cases.push_back(c);
+  bool any_taken = false;
+  for (int round = 0; round < 2; ++round)
+    for (const Case& cs : cases) {
+      test::Problem h(cs);
+      test::DeviceProblem d(h);
+      AttentionParams p = d.params();
+      p.stream = st.s;
+      any_taken = any_taken || cuda::uses_in_kernel_merge(p);
+      for (int rep = 0; rep < 3; ++rep) {
+        d.poison();
+        const Status s = attention(p);
+        ASSERT_TRUE(s.ok()) << s.message;
+        ASSERT_EQ(d.fetch(), "");
+        EXPECT_EQ(d.check(), "") << "round " << round << ", call " << rep << ": " << cs.str();
+      }
+    }
+  EXPECT_TRUE(any_taken) << "no case took the in-kernel merge";
+  // The same problem with the in-kernel merge forbidden: partials and the combine kernel.
+  cuda::set_in_kernel_merge(false);
+  test::Problem h(cases[0]);
+  test::DeviceProblem d(h);
+  EXPECT_FALSE(cuda::uses_in_kernel_merge(d.params()));
+  EXPECT_EQ(test::run_cuda_case(cases[0]), "") << "combine kernel: " << cases[0].str();
+}
+
+// A caller's workspace is taken as zero-filled only when it says so (workspace_zeroed); then the
+// splits merge in the attention kernel, also in a captured graph replayed several times (the
+// counters set back to zero on every replay).
+TEST(CudaRuntime, ZeroedCallerWorkspaceAndGraphReplays) {
+  QSDPA_REQUIRE_CUDA();
+  const RestoreInKernelMerge restore;
+  Stream st;
+  Case c = many_blocks_case(34);
+  c.Lq = 2, c.window = 5000, c.float_mask = true;
+  test::Problem h(c);
+  test::DeviceProblem d(h);
+  AttentionParams p = d.params();
+  p.stream = st.s;
+  const size_t bytes = attention_workspace_size(p);
+  test::DeviceBuffer ws(bytes);
+  CUDA_ASSERT(cudaMemset(ws.get(), 0, bytes));
+  p.workspace = ws.get(), p.workspace_bytes = bytes;
+  EXPECT_FALSE(cuda::uses_in_kernel_merge(p)) << "a caller's workspace taken as zero-filled unasked";
+  p.workspace_zeroed = true;
+  const bool in_kernel = cuda::uses_in_kernel_merge(p);
+  EXPECT_TRUE(in_kernel || !cuda::uses_tensor_cores(p)) << c.str();
+
+  cudaGraph_t graph = nullptr;
+  CUDA_ASSERT(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeGlobal));
+  const Status s = attention(p);
+  const cudaError_t end = cudaStreamEndCapture(st.s, &graph);
+  ASSERT_TRUE(s.ok()) << s.message;
+  CUDA_ASSERT(end);
+  cudaGraphExec_t exec = nullptr;
+  CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 4; ++replay) {
+    d.poison();
+    CUDA_ASSERT(cudaGraphLaunch(exec, st.s));
+    CUDA_ASSERT(cudaStreamSynchronize(st.s));
+    ASSERT_EQ(d.fetch(), "");
+    EXPECT_EQ(d.check(), "") << "replay " << replay;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  // and a direct call on the same workspace after the replays
+  d.poison();
+  ASSERT_TRUE(attention(p).ok());
+  CUDA_ASSERT(cudaStreamSynchronize(st.s));
+  ASSERT_EQ(d.fetch(), "");
+  EXPECT_EQ(d.check(), "");
+}
+
 // Without a workspace, a stream whose library buffer is too small cannot be captured: the call
 // says to pass one, and leaves the capture intact.
 TEST(CudaRuntime, GraphCaptureWithoutWorkspaceIsAnError) {
