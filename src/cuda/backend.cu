@@ -332,10 +332,24 @@ bool cluster_merge(const AttnArgs& a, const DeviceFacts& f) {
 // to be zero (`zeroed`: the library's own workspace, or the caller's with workspace_zeroed), the
 // row tiles have counters (kInKernelMergeSlots) and the splits fit the kernel's scratch. Measured
 // on an H200 (2026-12-01) the combine kernel cost 3-5 us per call end to end.
+// The merge runs in the last block of each row tile, on the call's critical path: only when it
+// is a few loads per thread (kInKernelMergeMaxLoads 16-byte loads of o, rows x D / 4 / 128 x
+// splits). Measured on an H200 (2026-12-01, run 35, against the combine kernel in the same run):
+// B=8 N=32768 4-bit (4 rows, 8 splits: 8 loads) 91.3 -> 89.8 us, 8-bit 147.1 -> 145.1, B=32
+// N=4096 (2 loads) 54.1 -> 53.1; but B=1 N=131072 (64 splits: 64 loads) 54.8 -> 56.6 and D=512
+// (8 rows, 43 splits: 344 loads) 79.5 -> 101.7.
+constexpr int64_t kInKernelMergeMaxLoads = 32;
+
 bool in_kernel_merge(const AttnArgs& a, bool zeroed) {
 #if QSDPA_HAVE_MMA
-  return zeroed && g_in_kernel_merge_allowed.load(std::memory_order_relaxed) && !a.cluster &&
-         a.num_splits <= cuda::kInKernelMergeMaxSplits && a.B * a.Hkv * cuda::mma_row_tiles(a) <= cuda::kInKernelMergeSlots;
+  if (!zeroed || !g_in_kernel_merge_allowed.load(std::memory_order_relaxed) || a.cluster ||
+      a.num_splits > cuda::kInKernelMergeMaxSplits)
+    return false;
+  const int64_t tiles = cuda::mma_row_tiles(a), R = a.Hq / a.Hkv * a.Lq;
+  if (a.B * a.Hkv * tiles > cuda::kInKernelMergeSlots) return false;
+  const int64_t rows = tiles == 1 ? R : ((R + tiles - 1) / tiles + 7) / 8 * 8;  // of a tile, at most
+  const int64_t loads = (rows * (a.D / 4) + 127) / 128 * a.num_splits;
+  return loads <= kInKernelMergeMaxLoads;
 #else
   (void)a, (void)zeroed;
   return false;

@@ -304,10 +304,12 @@ __device__ __forceinline__ void cluster_combine(const AttnArgs& a, const float* 
 // rows) is stored. The block counts its arrival in counters[blockIdx.x]; the last of the
 // gridDim.y splits to arrive sets the counter back to 0 and merges the partials as the combine
 // kernel does (combine.cu: the splits' weights exp(m_s - max), the row's sink, zeros where no key
-// is visible, one division, one rounding to T), in `scratch` (shared memory, 16 bytes, [RT][S]
-// weights, RT (1 / denominator, split attaining the max) pairs). The partials are read from L2 (ld.cg):
-// they were written by other multiprocessors, whose stores the L1 of this one does not see.
-// Measured on an H200 (2026-12-01), the separate combine kernel cost 3-5 us per call end to end.
+// is visible, one division, one rounding to T), in `scratch` (shared memory: 16 bytes, then
+// [RT][S] m (turned into weights in place) and l, then RT (1 / denominator, split attaining the
+// max) pairs). The partials are read from L2 (ld.cg): other multiprocessors wrote them, and the
+// L1 of this one does not see their stores. It sits on the critical path of the call (the last
+// row tile's last split), so its loads go out in few rounds: all (m, l) at once, then all o
+// (the host takes it only when that is a few loads per thread: in_kernel_merge, backend.cu).
 template <int RT>
 __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch, int nrows, int r0, int64_t b,
                                               int64_t kvh, int rep, int Lq) {
@@ -324,19 +326,33 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
   if (!*last) return;
   __threadfence();  // (the other splits' partials, behind their arrivals)
   const int64_t rows_total = a.B * a.Hq * a.Lq;
-  float* wgt = scratch + 4;               // [RT][S]
-  float* rinv = wgt + RT * S;             // [RT] 1 / denominator, 0: no key visible
+  float* wm = scratch + 4;                        // [RT][S] m, then the weights
+  float* wl = wm + RT * S;                        // [RT][S] l
+  float* rinv = wl + RT * S;                      // [RT] 1 / denominator, 0: no key visible
   int* rarg = reinterpret_cast<int*>(rinv + RT);  // [RT] a split attaining the max
-  const auto head_of = [&](int lr, int& i) { return kvh * rep + row_head(r0 + lr, Lq, i); };
+  const auto row_of = [&](int lr, int64_t& h, int& i) {
+    h = kvh * rep + row_head(r0 + lr, Lq, i);
+    return (b * a.Hq + h) * a.Lq + i;
+  };
+  for (int idx = tid; idx < nrows * S; idx += kWarps * 32) {
+    const int lr = idx / S, sp = idx - lr * S;
+    int64_t h;
+    int i;
+    const int64_t at = int64_t(sp) * rows_total + row_of(lr, h, i);
+    wm[idx] = __ldcg(a.part_m + at);
+    wl[idx] = __ldcg(a.part_l + at);
+  }
+  __syncthreads();
   // Per row, one warp: lanes over the splits.
   for (int lr = warp; lr < nrows; lr += kWarps) {
+    int64_t h;
     int i;
-    const int64_t h = head_of(lr, i), row = (b * a.Hq + h) * a.Lq + i;
+    row_of(lr, h, i);
     float mx = -INFINITY;  // (a NaN m is never the max, as with fmaxf)
     int arg = 0;
-    for (int s = lane; s < S; s += 32) {
-      const float v = __ldcg(a.part_m + int64_t(s) * rows_total + row);
-      if (v > mx) mx = v, arg = s;
+    for (int sp = lane; sp < S; sp += 32) {
+      const float v = wm[lr * S + sp];
+      if (v > mx) mx = v, arg = sp;
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
@@ -345,13 +361,13 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
       if (om > mx || (om == mx && oa < arg)) mx = om, arg = oa;
     }
     const float m_all = mx;  // -inf: no key visible (zeros, with or without a sink)
-    float denom = 0.0f;
     if (m_all != -INFINITY && a.sinks) mx = fmaxf(mx, a.sinks[h]);
-    for (int s = lane; s < S; s += 32) {
-      const float ms = __ldcg(a.part_m + int64_t(s) * rows_total + row);
+    float denom = 0.0f;
+    for (int sp = lane; sp < S; sp += 32) {
+      const float ms = wm[lr * S + sp];
       const float w = ms == -INFINITY || m_all == -INFINITY ? 0.0f : expf(ms - mx);
-      denom = fmaf(w, __ldcg(a.part_l + int64_t(s) * rows_total + row), denom);
-      wgt[lr * S + s] = w;
+      denom = fmaf(w, wl[lr * S + sp], denom);
+      wm[lr * S + sp] = w;
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) denom += __shfl_xor_sync(0xffffffffu, denom, off);
@@ -362,24 +378,34 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
     }
   }
   __syncthreads();
-  // Four consecutive elements of a row per thread: 16-byte loads of every split's o (a split with
-  // no visible key, weight 0, may have left its o unwritten: split arg's is read in its place).
+  // Four consecutive elements of a row per thread: 16-byte loads of every split's o, 8 splits per
+  // round (a split with no visible key, weight 0, may have left its o unwritten: split arg's is
+  // read in its place).
   const int D4 = D / 4;
   for (int idx = tid; idx < nrows * D4; idx += kWarps * 32) {
     const int lr = idx / D4, d = 4 * (idx - lr * D4);
+    int64_t h;
     int i;
-    const int64_t h = head_of(lr, i), row = (b * a.Hq + h) * a.Lq + i;
+    const int64_t row = row_of(lr, h, i);
     const float inv = rinv[lr];
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (inv != 0.0f) {
       const int arg = rarg[lr];
       const float* po = a.part_o + row * D + d;
-#pragma unroll 8
-      for (int s = 0; s < S; ++s) {
-        const float w = wgt[lr * S + s];
-        const float4 o = __ldcg(reinterpret_cast<const float4*>(po + (int64_t(w != 0.0f ? s : arg) * rows_total) * D));
-        acc.x = fmaf(w, o.x, acc.x), acc.y = fmaf(w, o.y, acc.y), acc.z = fmaf(w, o.z, acc.z),
-        acc.w = fmaf(w, o.w, acc.w);
+      for (int s0 = 0; s0 < S; s0 += 8) {
+        float4 o[8];
+        float w[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const int sp = s0 + k < S ? s0 + k : arg;
+          w[k] = s0 + k < S ? wm[lr * S + sp] : 0.0f;
+          o[k] = __ldcg(reinterpret_cast<const float4*>(po + (int64_t(w[k] != 0.0f ? sp : arg) * rows_total) * D));
+        }
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          acc.x = fmaf(w[k], o[k].x, acc.x), acc.y = fmaf(w[k], o[k].y, acc.y);
+          acc.z = fmaf(w[k], o[k].z, acc.z), acc.w = fmaf(w[k], o[k].w, acc.w);
+        }
       }
       acc.x *= inv, acc.y *= inv, acc.z *= inv, acc.w *= inv;
     }
@@ -414,7 +440,7 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
   constexpr int kTW = kTileTokens, kSCB = S::kSCB, kNZ = S::kNZ, kNGP = S::kNGP, kNGMax = S::kNGMax;
   constexpr int kDS = S::kDS, kTG = S::kTG, kDW = S::kDW;
   static_assert(kDS == 1 || (GC != 0 && LAYOUT == kContigWide), "d-split: contiguous caches, a constant group");
-  static_assert(16 + kRT * kInKernelMergeMaxSplits * 8 <= S::kMain, "the in-kernel merge's scratch fits");
+  static_assert(16 + kRT * kInKernelMergeMaxSplits * 8 + kRT * 8 <= S::kMain, "the in-kernel merge's scratch fits");
   extern __shared__ __align__(16) uint8_t smem[];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // The combine kernel may be placed now (it is launched as a programmatic dependent and waits for
