@@ -421,6 +421,19 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
   }
 }
 
+// The same for a split that sees no token (the early exit of attention_kernel), out of line: a
+// second inlined copy of the merge made every kernel ~1200 instructions longer, in front of its
+// token loop. (`a` points to the kernel's parameter, __grid_constant__: no copy.)
+// -DQSDPA_MMA_MERGE_COLD_INLINE=1 inlines it again (a tuning knob).
+#ifndef QSDPA_MMA_MERGE_COLD_INLINE
+#define QSDPA_MMA_MERGE_COLD_INLINE 0
+#endif
+template <int RT>
+__device__ __noinline__ void merge_if_last_cold(const AttnArgs* a, float* scratch, int nrows, int r0, int64_t b,
+                                                int64_t kvh, int rep, int Lq) {
+  merge_if_last<RT>(*a, scratch, nrows, r0, b, kvh, rep, Lq);
+}
+
 // KDEN: f16 keys as subnormal codes, else as magic-number codes (ignored for bf16). LAYOUT: kContig,
 // kPaged, kPaged16, kAny, kContigCluster or kContigWide (above). GC: the group size, or 0 for
 // a.k_group (above).
@@ -429,7 +442,7 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
                                                : (D >= 256 || NT == 2) ? kMinBlocksWide
                                                : LAYOUT == kContig || LAYOUT == kContigCluster ? kMinBlocks
                                                : LAYOUT == kAny      ? kMinBlocksLayout
-                                                                     : kMinBlocksPaged) attention_kernel(const AttnArgs a) {
+                                                                     : kMinBlocksPaged) attention_kernel(const __grid_constant__ AttnArgs a) {
   using S = Shape<T, BITS, VBITS, D, NT, KDEN, STAGES>;
   using F = typename S::F;
   using FV = typename S::FV;
@@ -491,7 +504,12 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
       a.part_m[prow] = -INFINITY;
       a.part_l[prow] = 0.0f;
     }
-    if (a.counters) merge_if_last<kRT>(a, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
+    if (a.counters) {
+      if constexpr (QSDPA_MMA_MERGE_COLD_INLINE != 0)
+        merge_if_last<kRT>(a, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
+      else
+        merge_if_last_cold<kRT>(&a, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
+    }
     return;
   }
   if (a.window > 0) {
