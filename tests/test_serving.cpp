@@ -2,6 +2,9 @@
 // strided q / out, broadcast masks, per-sequence lengths, mixed K / V formats, append, and a
 // decode loop over a growing paged cache.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+
+#include <cstring>
 
 #include "../src/cpu/kernel.hpp"
 #include "common/serving.hpp"
@@ -402,6 +405,72 @@ void decode_loop(Backend be) {
 
 TEST(DecodeLoop, PagedAppendAttendReference) { decode_loop(Backend::reference); }
 TEST(DecodeLoop, PagedAppendAttendCpu) { decode_loop(Backend::cpu); }
+
+// ---- a cache of more than 2^32 elements ------------------------------------------------------------
+
+// Anonymous memory reserved but not committed (MAP_NORESERVE): only the pages written or read
+// become resident, so a 2 GB cache of which 600 rows are used costs a few MB.
+class Sparse {
+ public:
+  explicit Sparse(size_t bytes) : bytes_(bytes) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    p_ = p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
+  }
+  ~Sparse() {
+    if (p_) munmap(p_, bytes_);
+  }
+  Sparse(const Sparse&) = delete;
+  Sparse& operator=(const Sparse&) = delete;
+  uint8_t* get() const { return p_; }
+
+ private:
+  uint8_t* p_ = nullptr;
+  size_t bytes_;
+};
+
+// The CPU backend on a cache of 2^25 + 512 rows of 128 elements (more than 2^32 elements, 64-bit
+// offsets throughout): a two-sequence batch whose second sequence starts at row 2^25, element 2^32
+// (the same problem as CudaServingLarge.CacheOverFourBillionElements). Skipped where the address
+// space cannot be reserved.
+TEST(ServingLarge, CacheOverFourBillionElementsCpu) {
+  const int64_t D = 128, cap = (int64_t(1) << 25) + 512, Hkv = 1;
+  const QuantFormat f{4, 64};
+  const size_t packed_bytes = size_t(Hkv * cap * D * 4 / 8), scale_bytes = size_t(Hkv * cap * (D / 64) * 2);
+  ServingCase sc;
+  sc.c.B = 2, sc.c.Hq = 4, sc.c.Hkv = Hkv, sc.c.N = 300, sc.c.D = D, sc.c.kf = sc.c.vf = f;
+  sc.c.seed = 77;
+  ServingProblem sp(sc);  // dense host data: rows [b][t]
+  Sparse kp(packed_bytes), vp(packed_bytes), ks(scale_bytes), kb(scale_bytes), vs(scale_bytes), vb(scale_bytes);
+  for (const Sparse* m : {&kp, &vp, &ks, &kb, &vs, &vb})
+    if (!m->get()) GTEST_SKIP() << "cannot reserve " << (2 * (packed_bytes + 2 * scale_bytes) >> 20) << " MiB";
+  const int64_t bstride = int64_t(1) << 25;  // sequence 1 starts at element 2^32
+  const size_t rowp = size_t(D * 4 / 8), rows_s = size_t(D / 64) * 2, n = 300;
+  for (int64_t b = 0; b < 2; ++b) {
+    const size_t off = size_t(b * bstride);
+    const auto put = [&](const Sparse& dst, const void* src, size_t row_bytes) {
+      std::memcpy(dst.get() + off * row_bytes, static_cast<const uint8_t*>(src) + size_t(b) * n * row_bytes,
+                  n * row_bytes);
+    };
+    put(kp, sp.dense.k.packed.data(), rowp);
+    put(vp, sp.dense.v.packed.data(), rowp);
+    put(ks, sp.dense.k.scales.data(), rows_s);
+    put(kb, sp.dense.k.biases.data(), rows_s);
+    put(vs, sp.dense.v.scales.data(), rows_s);
+    put(vb, sp.dense.v.biases.data(), rows_s);
+  }
+  AttentionParams p = sp.params(Backend::cpu, kHost);
+  p.k = {f, reinterpret_cast<const uint32_t*>(kp.get()), ks.get(), kb.get(), {}};
+  p.v = {f, reinterpret_cast<const uint32_t*>(vp.get()), vs.get(), vb.get(), {}};
+  p.k.layout.head_stride = p.v.layout.head_stride = bstride;
+  p.k.layout.batch_stride = p.v.layout.batch_stride = bstride;
+  std::vector<uint8_t> res = sp.out;
+  p.out = res.data();
+  const Status s = attention(p);
+  ASSERT_TRUE(s.ok()) << s.message;
+  EXPECT_EQ(sp.check(res), "");
+  // (the element offset of sequence 1's first row does not fit 32 bits)
+  EXPECT_GT(bstride * D, int64_t(UINT32_MAX));
+}
 
 }  // namespace
 }  // namespace qsdpa::test
