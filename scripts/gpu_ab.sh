@@ -2,6 +2,9 @@
 # A/B timing of the working tree against an earlier commit on one GPU machine: builds `qsdpa` for
 # both (in parallel, sm_90a), then runs the given bench flags for each, interleaved, ROUNDS times.
 # Usage: scripts/gpu_ab.sh OUTDIR COMMIT ROUNDS 'bench flags' ['bench flags' ...]
+# COMMIT may also be a tar file of the other tree, for a commit the device machine's copy of .git
+# does not hold: on the development machine `git archive -o .ab-old.tar COMMIT`, then pass
+# .ab-old.tar (git-ignored: name it in the device run's carry list).
 set -uo pipefail
 out="${1:?OUTDIR}" commit="${2:?COMMIT}" rounds="${3:?ROUNDS}"
 shift 3
@@ -11,7 +14,13 @@ cd "$root"
 deps_flag=()
 [ -d "$root/.deps" ] && deps_flag=(-DQSDPA_DEPS_DIR="$root/.deps")
 old=/tmp/qsdpa-ab-old
-rm -rf "$old" && git worktree add -f "$old" "$commit" >"$out/ab.log" 2>&1 || { echo "worktree failed" | tee -a "$out/ab.log"; exit 1; }
+rm -rf "$old"
+if [ -f "$commit" ]; then  # a tar of the other tree (git archive)
+  git worktree prune >/dev/null 2>&1
+  mkdir -p "$old" && tar -xf "$commit" -C "$old" >"$out/ab.log" 2>&1 || { echo "tar failed" | tee -a "$out/ab.log"; exit 1; }
+else
+  git worktree add -f "$old" "$commit" >"$out/ab.log" 2>&1 || { echo "worktree failed" | tee -a "$out/ab.log"; exit 1; }
+fi
 [ -d "$root/.deps" ] && ln -s "$root/.deps" "$old/.deps"
 jobs=$(( $(nproc) / 2 ))
 for t in new old; do
