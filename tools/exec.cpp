@@ -266,7 +266,7 @@ Status Runner::time_graph(int warmup, int iters, double* median_us) {
   if (!workspace_) {
     QSDPA_CUDA_TRY(cudaMalloc(&workspace_, std::max<size_t>(ws, kAlign)));
     // zero-filled once: the graphs' calls then merge their splits in the attention kernel
-    QSDPA_CUDA_TRY(cudaMemset(workspace_, 0, std::max<size_t>(ws, kAlign)));
+    QSDPA_CUDA_TRY(cudaMemsetAsync(workspace_, 0, std::max<size_t>(ws, kAlign), stream));
   }
   std::vector<cudaGraphExec_t> execs;
   Status result;

@@ -235,7 +235,7 @@ TEST(CudaRuntime, ZeroedCallerWorkspaceAndGraphReplays) {
   p.stream = st.s;
   const size_t bytes = attention_workspace_size(p);
   test::DeviceBuffer ws(bytes);
-  CUDA_ASSERT(cudaMemset(ws.get(), 0, bytes));
+  CUDA_ASSERT(cudaMemsetAsync(ws.get(), 0, bytes, st.s));  // (on the stream the calls use)
   p.workspace = ws.get(), p.workspace_bytes = bytes;
   EXPECT_FALSE(cuda::uses_in_kernel_merge(p)) << "a caller's workspace taken as zero-filled unasked";
   p.workspace_zeroed = true;

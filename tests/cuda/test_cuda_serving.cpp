@@ -99,19 +99,54 @@ TEST_P(CudaServingMma, TensorCoreLayouts) {
 }
 INSTANTIATE_TEST_SUITE_P(Cases, CudaServingMma, ::testing::Range(0, int(mma_cases().size())));
 
-// The same cases with the splits merged by the combine kernel rather than in clusters (on sm_90
-// the small contiguous ones, capacities past N, merge in clusters by default; both must hold,
-// also for splits past a sequence's end).
+// The same cases with the splits merged by the combine kernel, neither in clusters (on sm_90 the
+// small contiguous ones, capacities past N, merge in clusters by default) nor in the attention
+// kernel (the library's workspace: the default wherever it is a few loads per thread); every path
+// must hold, also for splits past a sequence's end.
 class CudaServingMmaCombine : public ::testing::TestWithParam<int> {};
 TEST_P(CudaServingMmaCombine, TensorCoreLayouts) {
   QSDPA_REQUIRE_CUDA();
   const ServingCase sc = mma_cases()[size_t(GetParam())];
-  const bool was = cuda::set_cluster_merge(false);
+  const bool was = cuda::set_cluster_merge(false), was_in = cuda::set_in_kernel_merge(false);
   const std::string r = run_cuda(sc, true);
   cuda::set_cluster_merge(was);
+  cuda::set_in_kernel_merge(was_in);
   EXPECT_EQ(r, "") << sc.str();
 }
 INSTANTIATE_TEST_SUITE_P(Cases, CudaServingMmaCombine, ::testing::Range(0, int(mma_cases().size())));
+
+// ... and merged in the attention kernel where it takes them (no clusters), twice: the splits past
+// a sequence's end (kv_lens) count their arrival on their own path (merge_if_last_cold), and a
+// counter it left non-zero would spoil the second call.
+class CudaServingMmaInKernel : public ::testing::TestWithParam<int> {};
+TEST_P(CudaServingMmaInKernel, TensorCoreLayouts) {
+  QSDPA_REQUIRE_CUDA();
+  const ServingCase sc = mma_cases()[size_t(GetParam())];
+  const bool was = cuda::set_cluster_merge(false), was_in = cuda::set_in_kernel_merge(true);
+  std::string r = run_cuda(sc, true);
+  if (r.empty()) r = run_cuda(sc, true);
+  cuda::set_cluster_merge(was);
+  cuda::set_in_kernel_merge(was_in);
+  EXPECT_EQ(r, "") << sc.str();
+}
+INSTANTIATE_TEST_SUITE_P(Cases, CudaServingMmaInKernel, ::testing::Range(0, int(mma_cases().size())));
+
+// A batch with sequences far shorter than N takes the in-kernel merge with splits that see no
+// token (their own arrival path): three calls in a row, each checked.
+TEST(CudaServingInKernel, EmptySplitsArrive) {
+  QSDPA_REQUIRE_CUDA();
+  ServingCase sc;
+  sc.c.dtype = DType::f16, sc.c.kf = sc.c.vf = {4, 64};
+  sc.c.B = 6, sc.c.Hq = 32, sc.c.Hkv = 8, sc.c.N = 6000, sc.c.D = 128, sc.c.sinks = true, sc.c.seed = 640;
+  sc.kind = CacheKind::capacity, sc.capacity_extra = 64;
+  sc.kv_lens = {6000, 1, 700, 6000, 33, 2500};
+  ServingProblem sp(sc);
+  Mirror m;
+  AttentionParams p = sp.params(Backend::cuda, m.map());
+  EXPECT_TRUE(cuda::uses_in_kernel_merge(p) || !cuda::uses_tensor_cores(p)) << sc.str();
+  EXPECT_GT(cuda::planned_splits(p), 1) << sc.str();
+  for (int call = 0; call < 3; ++call) EXPECT_EQ(run_cuda(sc, false), "") << "call " << call << ": " << sc.str();
+}
 
 // D = 512 on contiguous caches with capacities past N, per-sequence lengths, strided q and out and
 // broadcast masks, every format: the tensor-core kernel (d-split) on devices of compute capability
