@@ -356,12 +356,21 @@ bool in_kernel_merge(const AttnArgs& a, bool zeroed) {
 #endif
 }
 
-// Points the counters and the partials into the workspace (16-byte aligned; partials_bytes()
-// leaves room): the counters first, at a place that does not depend on the call.
-void place_partials(AttnArgs& a, void* ws) {
+// Which merge a tensor-core plan for p takes: in clusters (sets a.cluster), in the attention
+// kernel (returns true), or else the combine kernel.
+bool pick_merge(AttnArgs& a, const DeviceFacts& f, const AttentionParams& p) {
+  a.cluster = cluster_merge(a, f);
+  return in_kernel_merge(a, !p.workspace || p.workspace_zeroed);
+}
+
+// Points the counters (with the in-kernel merge) and the partials into the workspace (16-byte
+// aligned; partials_bytes() leaves room): the counters first, at a place that does not depend on
+// the call.
+void place_partials(AttnArgs& a, void* ws, bool in_kernel) {
   const auto align16 = [](uintptr_t x) { return (x + 15) & ~uintptr_t(15); };
   const size_t n = size_t(a.num_splits) * size_t(a.B * a.Hq * a.Lq);
-  const uintptr_t base = align16(reinterpret_cast<uintptr_t>(ws)) + cuda::kCounterBytes;
+  const uintptr_t counters = align16(reinterpret_cast<uintptr_t>(ws)), base = counters + cuda::kCounterBytes;
+  a.counters = in_kernel ? reinterpret_cast<int*>(counters) : nullptr;
   a.part_m = reinterpret_cast<float*>(base);
   a.part_l = a.part_m + n;
   a.part_o = reinterpret_cast<float*>(align16(reinterpret_cast<uintptr_t>(a.part_l + n)));
@@ -570,14 +579,11 @@ Status run_attention(const AttentionParams& p, bool allow_mma) {
     lock = std::unique_lock<std::mutex>(ws_mutex);
     if (Status s = library_workspace(dev, stream, plan.workspace, &ws); !s) return s;
   }
-  place_partials(a, ws);
+  place_partials(a, ws, plan.use_mma && pick_merge(a, f, p));
 
   cudaError_t e = cudaSuccess;
 #if QSDPA_HAVE_MMA
   if (plan.use_mma) {
-    a.cluster = cluster_merge(a, f);
-    if (in_kernel_merge(a, !p.workspace || p.workspace_zeroed))
-      a.counters = reinterpret_cast<int*>((reinterpret_cast<uintptr_t>(ws) + 15) & ~uintptr_t(15));
     e = cuda::mma_launch(a, stream);
     if (e != cudaSuccess) return cuda_status(e, "attention (tensor-core kernel) launch");
     if (a.cluster || a.counters) return make_status(StatusCode::ok, "", Backend::cuda);  // it wrote out
@@ -659,25 +665,24 @@ bool qsdpa::cuda::uses_tensor_cores(const AttentionParams& p) {
 
 bool qsdpa::cuda::set_cluster_merge(bool on) { return detail::g_cluster_allowed.exchange(on); }
 
-bool qsdpa::cuda::uses_cluster_merge(const AttentionParams& p) {
-  detail::DeviceFacts f;
-  if (p.N == 0 || !detail::current_device_facts(&f)) return false;
-  qsdpa::cuda::AttnArgs a = detail::make_args(p);
-  const detail::Plan plan = detail::make_plan(a, f);
-  return plan.use_mma && detail::cluster_merge(a, f);
+namespace {
+// The merge attention(p) would take on the current device now: 0 none (no device, no key or no
+// tensor-core plan), 1 clusters, 2 in the attention kernel, 3 the combine kernel.
+int planned_merge(const qsdpa::AttentionParams& p) {
+  qsdpa::detail::DeviceFacts f;
+  if (p.N == 0 || !qsdpa::detail::current_device_facts(&f)) return 0;
+  qsdpa::cuda::AttnArgs a = qsdpa::detail::make_args(p);
+  if (!qsdpa::detail::make_plan(a, f).use_mma) return 0;
+  const bool in_kernel = qsdpa::detail::pick_merge(a, f, p);
+  return a.cluster ? 1 : in_kernel ? 2 : 3;
 }
+}  // namespace
+
+bool qsdpa::cuda::uses_cluster_merge(const AttentionParams& p) { return planned_merge(p) == 1; }
 
 bool qsdpa::cuda::set_in_kernel_merge(bool on) { return detail::g_in_kernel_merge_allowed.exchange(on); }
 
-bool qsdpa::cuda::uses_in_kernel_merge(const AttentionParams& p) {
-  detail::DeviceFacts f;
-  if (p.N == 0 || !detail::current_device_facts(&f)) return false;
-  qsdpa::cuda::AttnArgs a = detail::make_args(p);
-  const detail::Plan plan = detail::make_plan(a, f);
-  if (!plan.use_mma) return false;
-  a.cluster = detail::cluster_merge(a, f);
-  return detail::in_kernel_merge(a, !p.workspace || p.workspace_zeroed);
-}
+bool qsdpa::cuda::uses_in_kernel_merge(const AttentionParams& p) { return planned_merge(p) == 2; }
 
 int qsdpa::cuda::planned_splits(const AttentionParams& p) {
   detail::DeviceFacts f;

@@ -72,12 +72,7 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
         if (v > mx) mx = v, arg = s;
       }
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      const float om = __shfl_xor_sync(0xffffffffu, mx, off);
-      const int oa = __shfl_xor_sync(0xffffffffu, arg, off);
-      if (om > mx || (om == mx && oa < arg)) mx = om, arg = oa;
-    }
+    warp_max_arg(mx, arg);
     float r[4] = {0.f, 0.f, 0.f, 0.f};
     float denom = 0.f;
     // The weighted sum of one batch of 32 splits from s0 (lane j's m and l: split s0 + j's, -inf and

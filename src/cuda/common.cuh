@@ -29,6 +29,17 @@ __device__ __forceinline__ float load_t(const void* p, int dtype, int64_t i) {
   return __uint_as_float(uint32_t(h) << 16);
 }
 
+// The warp's largest mx and, among the lanes that hold it, the smallest arg (the same in every
+// lane after the call; a NaN is never the max).
+__device__ __forceinline__ void warp_max_arg(float& mx, int& arg) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float om = __shfl_xor_sync(0xffffffffu, mx, off);
+    const int oa = __shfl_xor_sync(0xffffffffu, arg, off);
+    if (om > mx || (om == mx && oa < arg)) mx = om, arg = oa;
+  }
+}
+
 // f32 rounded to T (round to nearest even, as the host conversions in core/half.hpp).
 __device__ __forceinline__ void store_t(void* p, int dtype, int64_t i, float v) {
   if (dtype == kF32) {

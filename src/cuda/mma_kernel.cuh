@@ -354,12 +354,7 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
       const float v = wm[lr * S + sp];
       if (v > mx) mx = v, arg = sp;
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      const float om = __shfl_xor_sync(0xffffffffu, mx, off);
-      const int oa = __shfl_xor_sync(0xffffffffu, arg, off);
-      if (om > mx || (om == mx && oa < arg)) mx = om, arg = oa;
-    }
+    warp_max_arg(mx, arg);
     const float m_all = mx;  // -inf: no key visible (zeros, with or without a sink)
     if (m_all != -INFINITY && a.sinks) mx = fmaxf(mx, a.sinks[h]);
     float denom = 0.0f;

@@ -33,6 +33,28 @@ struct Stream {
   ~Stream() { cudaStreamDestroy(s); }
 };
 
+// Captures attention(p) on stream `stream` into a graph and replays it `replays` times, out
+// poisoned before each replay and checked after.
+void capture_and_replay(const AttentionParams& p, cudaStream_t stream, test::DeviceProblem& d, int replays) {
+  cudaGraph_t graph = nullptr;
+  CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const Status s = attention(p);
+  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+  ASSERT_TRUE(s.ok()) << s.message;
+  CUDA_ASSERT(end);
+  cudaGraphExec_t exec = nullptr;
+  CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < replays; ++replay) {
+    d.poison();
+    CUDA_ASSERT(cudaGraphLaunch(exec, stream));
+    CUDA_ASSERT(cudaStreamSynchronize(stream));
+    ASSERT_EQ(d.fetch(), "");
+    EXPECT_EQ(d.check(), "") << "replay " << replay;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
 }  // namespace
 
 TEST(CudaRuntime, AvailableAndDescribed) {
@@ -138,23 +160,7 @@ TEST(CudaRuntime, GraphCaptureWithWorkspace) {
   test::DeviceBuffer ws(bytes);
   p.workspace = ws.get(), p.workspace_bytes = bytes;
 
-  cudaGraph_t graph = nullptr;
-  CUDA_ASSERT(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeGlobal));
-  const Status s = attention(p);
-  const cudaError_t end = cudaStreamEndCapture(st.s, &graph);
-  ASSERT_TRUE(s.ok()) << s.message;
-  CUDA_ASSERT(end);
-  cudaGraphExec_t exec = nullptr;
-  CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
-  for (int replay = 0; replay < 2; ++replay) {
-    d.poison();
-    CUDA_ASSERT(cudaGraphLaunch(exec, st.s));
-    CUDA_ASSERT(cudaStreamSynchronize(st.s));
-    ASSERT_EQ(d.fetch(), "");
-    EXPECT_EQ(d.check(), "") << "replay " << replay;
-  }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
+  ASSERT_NO_FATAL_FAILURE(capture_and_replay(p, st.s, d, 2));
 }
 
 namespace {
@@ -242,23 +248,7 @@ TEST(CudaRuntime, ZeroedCallerWorkspaceAndGraphReplays) {
   const bool in_kernel = cuda::uses_in_kernel_merge(p);
   EXPECT_TRUE(in_kernel || !cuda::uses_tensor_cores(p)) << c.str();
 
-  cudaGraph_t graph = nullptr;
-  CUDA_ASSERT(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeGlobal));
-  const Status s = attention(p);
-  const cudaError_t end = cudaStreamEndCapture(st.s, &graph);
-  ASSERT_TRUE(s.ok()) << s.message;
-  CUDA_ASSERT(end);
-  cudaGraphExec_t exec = nullptr;
-  CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
-  for (int replay = 0; replay < 4; ++replay) {
-    d.poison();
-    CUDA_ASSERT(cudaGraphLaunch(exec, st.s));
-    CUDA_ASSERT(cudaStreamSynchronize(st.s));
-    ASSERT_EQ(d.fetch(), "");
-    EXPECT_EQ(d.check(), "") << "replay " << replay;
-  }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
+  ASSERT_NO_FATAL_FAILURE(capture_and_replay(p, st.s, d, 4));
   // and a direct call on the same workspace after the replays
   d.poison();
   ASSERT_TRUE(attention(p).ok());
