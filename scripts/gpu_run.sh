@@ -50,6 +50,11 @@ if [ -n "${QSDPA_GPU_TUNE:-}" ]; then
   bash scripts/gpu_tune.sh build "$out" "${tv[@]}" >/dev/null 2>&1 &
   tune_pid=$!
 fi
+trace_pid=""
+if [ "${QSDPA_GPU_TRACE:-0}" = 1 ]; then  # the block-trace build (-DQSDPA_MMA_TRACE=1), never timed
+  bash scripts/gpu_tune.sh build "$out" "trace=-DQSDPA_MMA_TRACE=1" >/dev/null 2>&1 &
+  trace_pid=$!
+fi
 deps_flag=()
 [ -d "$root/.deps" ] && deps_flag=(-DQSDPA_DEPS_DIR="$root/.deps")
 jobs=$(nproc)
@@ -129,6 +134,11 @@ if [ -n "$tune_pid" ]; then  # nothing else may run on the machine while it is t
   wait "$tune_pid"
   say "tuning variants built (waited $(($(elapsed) - t0)) s)"
 fi
+if [ -n "$trace_pid" ]; then
+  t0=$(elapsed)
+  wait "$trace_pid"
+  say "trace build done (waited $(($(elapsed) - t0)) s)"
+fi
 cli="$build/tools/qsdpa"
 if [ -x "$cli" ]; then
   t0=$(elapsed)
@@ -199,14 +209,15 @@ if [ "${QSDPA_GPU_NCU:-0}" = 1 ] && [ -x "$cli" ] && command -v ncu >/dev/null; 
   say "ncu: rc $? in $(($(elapsed) - t0)) s"
 fi
 
-# ---- executed instructions per SASS line of the headline 4-bit kernel (QSDPA_GPU_NCU_SOURCE=1):
-# where the issue slots of the token loop go (ncu_source.csv) ------------------------------------
+# ---- executed instructions per SASS line of the headline 4-bit kernel (QSDPA_GPU_NCU_SOURCE=1;
+# another shape: QSDPA_GPU_NCU_SOURCE_SHAPE='--B 8 --N 32768 --Lq 4 --bits 4'): where the issue
+# slots of the token loop go (ncu_source.csv) ------------------------------------------------------
 if [ "${QSDPA_GPU_NCU_SOURCE:-0}" = 1 ] && [ -x "$cli" ] && command -v ncu >/dev/null; then
   t0=$(elapsed)
   {
     timeout "$(limit 90 20)" ncu --clock-control none -k regex:attention_kernel --launch-skip 12 --launch-count 1 \
       --section SourceCounters --section InstructionStats -f -o "$out/ncu_src" \
-      "$cli" bench --backend cuda --no-torch --B 8 --N 32768 --bits 4 --iters 5 &&
+      "$cli" bench --backend cuda --no-torch ${QSDPA_GPU_NCU_SOURCE_SHAPE:---B 8 --N 32768 --bits 4} --iters 5 &&
       ncu -i "$out/ncu_src.ncu-rep" --page source --csv --print-source sass >"$out/ncu_source.csv" &&
       ncu -i "$out/ncu_src.ncu-rep" --page details --section InstructionStats >"$out/ncu_inst.txt"
   } >"$out/ncu_source.log" 2>&1
@@ -223,11 +234,35 @@ if [ -n "${QSDPA_GPU_TUNE:-}" ]; then
   sed 's/^/  /' "$out/tune.log" | grep -v '^  round' | tee -a "$summary" >/dev/null
 fi
 
+# ---- block traces (QSDPA_GPU_TRACE=1): when each block of the tensor-core kernel starts, ends its
+# token loop and ends, on the bench's shapes (trace_*.jsonl, summarized in trace.txt) -------------
+tcli="build-tune-trace/tools/qsdpa"
+if [ -n "$trace_pid" ] && [ -x "$tcli" ]; then
+  t0=$(elapsed)
+  : >"$out/trace.txt"
+  while IFS='|' read -r name shape; do
+    [ -z "$name" ] && continue
+    [ "$(limit 30 5)" -lt 20 ] && break
+    QSDPA_TRACE_FILE="$out/trace_$name.jsonl" QSDPA_TRACE_SKIP=14 QSDPA_TRACE_CALLS=3 \
+      timeout "$(limit 30 5)" "$tcli" bench --backend cuda --no-torch $shape --iters 20 >>"$out/trace.log" 2>&1
+    python3 scripts/trace_summary.py "$out/trace_$name.jsonl" "$name ($shape)" >>"$out/trace.txt" 2>&1
+  done <<<"${QSDPA_GPU_TRACE_SHAPES:-b8|--B 8 --N 32768 --bits 4
+b8q8|--B 8 --N 32768 --bits 8
+b1n131k|--B 1 --N 131072 --bits 4
+b32n4k|--B 32 --N 4096 --bits 4
+b1n4k|--B 1 --N 4096 --bits 4
+d512|--B 4 --Hq 16 --Hkv 1 --D 512 --N 32768 --bits 4
+lq4|--B 8 --N 32768 --Lq 4 --bits 4}"
+  say "traces: $(($(elapsed) - t0)) s"
+  sed 's/^/  /' "$out/trace.txt" >>"$summary"
+  (cd "$out" && ls trace_*.jsonl 2>/dev/null | xargs -r tar czf traces.tgz --remove-files)
+fi
+
 say "total: $(elapsed) s"
 # At most 8 files come back from the GPU machine: the logs travel as one archive.
 if [ "${QSDPA_GPU_PACK:-1}" = 1 ]; then
   (cd "$out" && for f in build.log ctest.log sanitizer.log bench.log nvidia-smi.txt serving.log tune.log \
-    ncu_source.log ncu_source.csv ncu_inst.txt; do
+    ncu_source.log ncu_source.csv ncu_inst.txt trace.log; do
     [ -f "$f" ] && echo "$f"; done | xargs -r tar czf logs.tgz --remove-files)
 fi
 exit 0  # (what ran and how it ended is in summary.txt)

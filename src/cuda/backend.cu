@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -68,6 +69,61 @@ std::atomic<bool> g_cluster_allowed{true};  // cuda::set_cluster_merge (a test h
 std::atomic<bool> g_in_kernel_merge_allowed{QSDPA_IN_KERNEL_MERGE != 0};  // cuda::set_in_kernel_merge (a test hook)
 
 Status error(StatusCode c, std::string msg) { return make_status(c, std::move(msg), Backend::cuda); }
+
+#if QSDPA_MMA_TRACE
+// Trace builds (-DQSDPA_MMA_TRACE=1, a diagnostic, never timed): every tensor-core launch records per
+// block when it started, ended its token loop and ended (AttnArgs::trace). With QSDPA_TRACE_FILE
+// set, calls QSDPA_TRACE_SKIP, +2, +4 ... (QSDPA_TRACE_CALLS of them) are waited for and appended to
+// that file as one JSON line each: {"call", "gx", "gy", "blocks": [[x, y, sm, merged, start, loop
+// end, end] ...]} with the times in ns from the earliest start. Every other call only, so that each
+// traced call runs behind an untraced one, as calls do back to back.
+constexpr int64_t kTraceBlocks = 1 << 16;
+struct Trace {
+  unsigned long long* buf = nullptr;
+  long calls = 0;
+};
+Trace g_trace;
+
+long env_long(const char* name, long dflt) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::strtol(v, nullptr, 10) : dflt;
+}
+
+void trace_arm(AttnArgs& a, cudaStream_t s) {
+  a.trace = nullptr;
+  if (!g_trace.buf && cudaMalloc(&g_trace.buf, size_t(4 + 4 * kTraceBlocks) * 8) != cudaSuccess) g_trace.buf = nullptr;
+  if (!g_trace.buf) return;
+  cudaMemsetAsync(g_trace.buf, 0, size_t(4 + 4 * kTraceBlocks) * 8, s);
+  a.trace = g_trace.buf;
+}
+
+void trace_dump(const AttnArgs& a, cudaStream_t s) {
+  const long call = g_trace.calls++, skip = env_long("QSDPA_TRACE_SKIP", 20), n = env_long("QSDPA_TRACE_CALLS", 3);
+  const char* path = std::getenv("QSDPA_TRACE_FILE");
+  if (!a.trace || !path || call < skip || call >= skip + 2 * n || (call - skip) % 2) return;
+  std::vector<unsigned long long> h(size_t(4 + 4 * kTraceBlocks));
+  if (cudaStreamSynchronize(s) != cudaSuccess ||
+      cudaMemcpy(h.data(), a.trace, h.size() * 8, cudaMemcpyDeviceToHost) != cudaSuccess)
+    return;
+  const int64_t gx = int64_t(h[0]), gy = int64_t(h[1]), nb = std::min<int64_t>(gx * gy, kTraceBlocks);
+  unsigned long long t0 = ~0ull;
+  for (int64_t i = 0; i < nb; ++i)
+    if (h[size_t(4 + 4 * i)]) t0 = std::min(t0, h[size_t(4 + 4 * i)]);
+  FILE* f = std::fopen(path, "a");
+  if (!f) return;
+  std::fprintf(f, "{\"call\": %ld, \"gx\": %lld, \"gy\": %lld, \"blocks\": [", call, (long long)gx, (long long)gy);
+  bool first = true;
+  for (int64_t i = 0; i < nb; ++i) {
+    const unsigned long long* e = &h[size_t(4 + 4 * i)];
+    if (!e[0]) continue;  // (a split without tokens records nothing)
+    std::fprintf(f, "%s[%lld, %lld, %llu, %llu, %llu, %llu, %llu]", first ? "" : ", ", (long long)(i % gx),
+                 (long long)(i / gx), e[3] & 0xffffffffull, e[3] >> 32, e[0] - t0, e[1] - t0, e[2] - t0);
+    first = false;
+  }
+  std::fprintf(f, "]}\n");
+  std::fclose(f);
+}
+#endif
 
 Status cuda_status(cudaError_t e, const char* what) {
   return error(StatusCode::backend_error, std::string(what) + ": " + cudaGetErrorString(e));
@@ -584,8 +640,14 @@ Status run_attention(const AttentionParams& p, bool allow_mma) {
   cudaError_t e = cudaSuccess;
 #if QSDPA_HAVE_MMA
   if (plan.use_mma) {
+#if QSDPA_MMA_TRACE
+    trace_arm(a, stream);
+#endif
     e = cuda::mma_launch(a, stream);
     if (e != cudaSuccess) return cuda_status(e, "attention (tensor-core kernel) launch");
+#if QSDPA_MMA_TRACE
+    trace_dump(a, stream);
+#endif
     if (a.cluster || a.counters) return make_status(StatusCode::ok, "", Backend::cuda);  // it wrote out
   }
 #endif

@@ -299,6 +299,23 @@ __device__ __forceinline__ void cluster_combine(const AttnArgs& a, const float* 
   cluster_sync();
 }
 
+#if QSDPA_MMA_TRACE
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+// (trace builds) this block's record: see AttnArgs::trace
+__device__ __noinline__ void trace_block(const AttnArgs& a, unsigned long long t0, unsigned long long t1, bool merged) {
+  unsigned smid;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+  const unsigned long long t2 = global_ns();
+  unsigned long long* e = a.trace + 4 + 4 * (uint64_t(blockIdx.y) * gridDim.x + blockIdx.x);
+  e[0] = t0, e[1] = t1, e[2] = t2, e[3] = smid | (uint64_t(merged) << 32);
+  if (blockIdx.x == 0 && blockIdx.y == 0) a.trace[0] = gridDim.x, a.trace[1] = gridDim.y;
+}
+#endif
+
 // The in-kernel merge of the splits (a.counters non-null; split_kv.cuh), called by every thread of
 // the block once its share of the block's partials (part_m, part_l, part_o of the tile's nrows
 // rows) is stored. The block counts its arrival in counters[blockIdx.x]; the last of the
@@ -454,6 +471,9 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
   // The combine kernel may be placed now (it is launched as a programmatic dependent and waits for
   // this grid's end before it reads a partial): this changes when it is scheduled, not what it reads.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+#if QSDPA_MMA_TRACE
+  const unsigned long long tr_start = global_ns();
 #endif
 
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
@@ -1065,6 +1085,9 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
   // ---- merge the warps into one partial per row ----------------------------------------------
   cp_wait<0>();
   __syncthreads();
+#if QSDPA_MMA_TRACE
+  const unsigned long long tr_loop = global_ns();
+#endif
   // (one state per tile group: the kDS warps of a d-split group share m and l, each its dims of o)
   float* mw = reinterpret_cast<float*>(smem);  // [kTG][kRT]
   float* lw = mw + kTG * kRT;                  // [kLW][kRT]
@@ -1132,6 +1155,9 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
   if (kCl) cluster_combine<D, kRT>(a, qc, qc + kRT, qf, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
   // (its scratch space: the warps' states, free once every thread has passed its first barrier)
   else if (a.counters) merge_if_last<kRT>(a, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
+#if QSDPA_MMA_TRACE
+  if (tid == 0 && a.trace) trace_block(a, tr_start, tr_loop, !kCl && a.counters && *reinterpret_cast<const int*>(smem));
+#endif
 }
 
 // A launch of `kern`'s blocks (dynamic shared memory smem) in clusters of `splits` along y; `attr`

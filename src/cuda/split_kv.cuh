@@ -28,6 +28,12 @@
 namespace qsdpa::cuda {
 
 // Device-side view of AttentionParams (plain values, passed by value to kernels).
+// -DQSDPA_MMA_TRACE=1: a diagnostic build whose tensor-core kernel records when each block starts,
+// ends its token loop and ends (AttnArgs::trace), dumped by the host (backend.cu). Never for timing.
+#ifndef QSDPA_MMA_TRACE
+#define QSDPA_MMA_TRACE 0
+#endif
+
 struct AttnArgs {
   const void* q;
   const uint32_t* k_packed;
@@ -79,6 +85,12 @@ struct AttnArgs {
   // launch). The counters are zero before the call (the workspace's first kInKernelMergeSlots int32,
   // zero-filled once) and again after it.
   int* counters;
+#if QSDPA_MMA_TRACE
+  // (trace builds, -DQSDPA_MMA_TRACE=1: backend.cu) per block of the tensor-core kernel, 4 u64 from
+  // index 4 (blockIdx.y * gridDim.x + blockIdx.x): %globaltimer at its start, after its token loop
+  // and at its end, then smid | (did the in-kernel merge) << 32; [0], [1]: gridDim.x, gridDim.y
+  unsigned long long* trace;
+#endif
 };
 
 // The workspace: kInKernelMergeSlots int32 counters first (at a fixed place, so that no call's

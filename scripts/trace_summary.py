@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""Summarize the block traces of a trace build (-DQSDPA_MMA_TRACE=1, QSDPA_TRACE_FILE; see
+src/cuda/backend.cu): per traced call, when the tensor-core kernel's blocks started, ended their
+token loop and ended, in microseconds from the earliest start, and how busy the slots were.
+
+    scripts/trace_summary.py TRACE.jsonl [LABEL]
+"""
+import json
+import sys
+
+
+def pct(v, q):
+    v = sorted(v)
+    if not v:
+        return float("nan")
+    k = min(len(v) - 1, max(0, int(round(q / 100.0 * (len(v) - 1)))))
+    return v[k]
+
+
+def five(v):
+    return "/".join(f"{pct(v, q) / 1000:.1f}" for q in (0, 10, 50, 90, 100))
+
+
+def main():
+    path = sys.argv[1]
+    label = sys.argv[2] if len(sys.argv) > 2 else path
+    print(f"== {label}: times in us from the earliest block start; min/p10/p50/p90/max")
+    for line in open(path):
+        line = line.strip()
+        if not line:
+            continue
+        r = json.loads(line)
+        bl = r["blocks"]
+        if not bl:
+            continue
+        start = [b[4] for b in bl]
+        loop = [b[5] - b[4] for b in bl]
+        epi = [b[6] - b[5] for b in bl if not b[3]]
+        epim = [b[6] - b[5] for b in bl if b[3]]
+        end = [b[6] for b in bl]
+        span = max(end)
+        sms = {}
+        for b in bl:
+            sms.setdefault(b[2], []).append(b)
+        per_sm = {}
+        for s, v in sms.items():
+            per_sm.setdefault(len(v), 0)
+            per_sm[len(v)] += 1
+        # slot occupancy over time: blocks running in each tenth of the span
+        bins = 10
+        act = []
+        for i in range(bins):
+            t = span * (i + 0.5) / bins
+            act.append(sum(1 for b in bl if b[4] <= t < b[6]))
+        busy = sum(b[6] - b[4] for b in bl) / (span * max(act + [1]))
+        sm_last = sorted(max(b[6] for b in v) for v in sms.values())
+        print(f"call {r['call']}: grid {r['gx']}x{r['gy']}, {len(bl)} blocks on {len(sms)} SMs "
+              f"(blocks per SM: {dict(sorted(per_sm.items()))}); span {span / 1000:.1f}")
+        print(f"  start {five(start)} | loop {five(loop)} | end {five(end)}")
+        print(f"  after the loop: {five(epi)} (no merge), {five(epim)} ({len(epim)} merging blocks)")
+        print(f"  SMs' last block end {five(sm_last)}; running blocks per tenth: {act}; "
+              f"slot-time used {busy * 100:.0f} %")
+
+
+if __name__ == "__main__":
+    main()
