@@ -62,7 +62,7 @@ jobs=$(nproc)
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DQSDPA_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90a-real -DQSDPA_TEST_MLX=OFF "${deps_flag[@]}" \
     -DQSDPA_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)" &&
-    timeout "$(limit 240 150)" cmake --build "$build" -j"$jobs"
+    timeout "$(limit 300 150)" cmake --build "$build" -j"$jobs"
 } >"$out/build.log" 2>&1
 build_rc=$?
 if [ $build_rc -ne 0 ]; then
@@ -77,9 +77,13 @@ fi
 
 # ---- tests: the GPU tests first, then everything else --------------------------------------------
 : >"$out/ctest.log"
-for part in gpu rest; do
+# (QSDPA_GPU_CTEST_REGEX narrows the GPU part, e.g. to '^CudaRuntime' when only those tests
+# changed since a full run of the same library code; QSDPA_GPU_CTEST_REST=0 skips the rest)
+parts="gpu rest"
+[ "${QSDPA_GPU_CTEST_REST:-1}" = 0 ] && parts=gpu
+for part in $parts; do
   t0=$(elapsed)
-  sel=(-R '^Cuda|/Cuda')
+  sel=(-R "${QSDPA_GPU_CTEST_REGEX:-^Cuda|/Cuda}")
   [ $part = rest ] && sel=(-E '^Cuda|/Cuda')
   echo "===== ctest ($part) =====" >>"$out/ctest.log"
   timeout "$(limit 150 110)" ctest --test-dir "$build" -j"$jobs" --output-on-failure --timeout 150 "${sel[@]}" \

@@ -306,7 +306,7 @@ __device__ __forceinline__ unsigned long long global_ns() {
   return t;
 }
 // (trace builds) this block's record: see AttnArgs::trace
-__device__ __noinline__ void trace_block(const AttnArgs& a, unsigned long long t0, unsigned long long t1, bool merged) {
+inline __device__ __noinline__ void trace_block(const AttnArgs& a, unsigned long long t0, unsigned long long t1, bool merged) {
   unsigned smid;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
   const unsigned long long t2 = global_ns();

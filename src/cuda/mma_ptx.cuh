@@ -15,10 +15,35 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// Tuning knobs of the cache's copies (they are read once, in order): QSDPA_MMA_L2_PREFETCH, the
+// bytes L2 fetches around each (128 or 256), and QSDPA_MMA_EVICT_FIRST=1, an L2 evict-first
+// policy on them.
+#ifndef QSDPA_MMA_L2_PREFETCH
+#define QSDPA_MMA_L2_PREFETCH 128
+#endif
+#ifndef QSDPA_MMA_EVICT_FIRST
+#define QSDPA_MMA_EVICT_FIRST 0
+#endif
+#if QSDPA_MMA_L2_PREFETCH == 256
+#define QSDPA_CP_PREFETCH ".L2::256B"
+#elif QSDPA_MMA_L2_PREFETCH == 128
+#define QSDPA_CP_PREFETCH ".L2::128B"
+#else
+#error "QSDPA_MMA_L2_PREFETCH: 128 or 256"
+#endif
+
 // 16-byte asynchronous copy; `bytes` (0..16) are read, the rest of the 16 is zero-filled.
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int bytes) {
-  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
+#if QSDPA_MMA_EVICT_FIRST
+  uint64_t pol;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint" QSDPA_CP_PREFETCH " [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "l"(pol)
                : "memory");
+#else
+  asm volatile("cp.async.cg.shared.global" QSDPA_CP_PREFETCH " [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
+               : "memory");
+#endif
 }
 // Thread-block clusters (sm_90): the block's rank in its cluster, the cluster's size, a barrier
 // of all threads of the cluster (release / acquire: shared-memory writes before it are seen by
