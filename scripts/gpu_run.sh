@@ -41,6 +41,7 @@ nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || true
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>/dev/null |
   sed 's/^/gpu: /' | tee -a "$summary"
 say "nvcc: $(nvcc --version 2>/dev/null | tail -1)"
+[ -n "${QSDPA_GPU_CUDA_FLAGS:-}" ] && say "main build with CUDA flags: $QSDPA_GPU_CUDA_FLAGS"
 
 # ---- build (and, with QSDPA_GPU_TUNE, the tuning variants beside it) ----------------------------
 tune_pid=""
@@ -59,8 +60,11 @@ deps_flag=()
 [ -d "$root/.deps" ] && deps_flag=(-DQSDPA_DEPS_DIR="$root/.deps")
 jobs=$(nproc)
 {
+  # (QSDPA_GPU_CUDA_FLAGS: knobs for the main build, so that the tests run on them, e.g.
+  # '-DQSDPA_MMA_STEAL=1')
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DQSDPA_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90a-real -DQSDPA_TEST_MLX=OFF "${deps_flag[@]}" \
+    "-DCMAKE_CUDA_FLAGS=${QSDPA_GPU_CUDA_FLAGS:-}" \
     -DQSDPA_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)" &&
     timeout "$(limit 300 150)" cmake --build "$build" -j"$jobs"
 } >"$out/build.log" 2>&1

@@ -338,6 +338,9 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
     const int before = atomicAdd(a.counters + blockIdx.x, 1);
     *last = before == S - 1;
     if (before == S - 1) a.counters[blockIdx.x] = 0;  // (all splits arrived: zero for the next call)
+#if QSDPA_MMA_STEAL
+    if (before == S - 1 && a.work) a.work[blockIdx.x] = 0;  // (and the pool: every warp is past it)
+#endif
   }
   __syncthreads();
   if (!*last) return;
@@ -500,12 +503,23 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
 
   // ---- this block's tokens; tiles before the sliding window of every row are skipped --------
   int64_t tb = a.t_begin + int64_t(split) * a.chunk;
-  const int64_t te = n < tb + a.chunk ? n : tb + a.chunk;
+  const int64_t te_split = n < tb + a.chunk ? n : tb + a.chunk;
+#if QSDPA_MMA_STEAL
+  // (an experiment, -DQSDPA_MMA_STEAL=1: split_kv.cuh) the warps of every split of the row tile
+  // that has tokens take the row tile's token tiles, [t_begin, n) past the window skip, one at a
+  // time from a.work[blockIdx.x]; the block still writes its partial in its split's slot
+  constexpr bool kStealCode = LAYOUT == kContig && kDS == 1;
+  const bool steal = kStealCode && a.counters != nullptr && a.work != nullptr;
+  const int64_t te = steal ? n : te_split;
+#else
+  constexpr bool steal = false;
+  const int64_t te = te_split;
+#endif
   // The query rows' region of shared memory (filled below; after the token loop it holds the
   // block's merged state for cluster_combine: o in qf, m and l in qc).
   float* qf = reinterpret_cast<float*>(smem + S::kMain);  // [kRT][D]
   float* qc = qf + kRT * D;                               // [kRT][kNGMax]  Σ_g q
-  if (tb >= te) {  // a split past this sequence's end (per-sequence lengths): no key, nothing else
+  if (tb >= te_split) {  // a split past this sequence's end (per-sequence lengths): no key, nothing else
     if (kCl) {  // the cluster's other splits still merge with this one's (empty) state
       for (int lr = tid; lr < kRT; lr += kWarps * 32) qc[lr] = -INFINITY, qc[kRT + lr] = 0.0f;
       cluster_combine<D, kRT>(a, qc, qc + kRT, qf, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
@@ -527,11 +541,12 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
     }
     return;
   }
+  if (steal) tb = a.t_begin;  // (the pool's first tile)
   if (a.window > 0) {
     const int64_t lo = n - lq - a.window + 1;
     if (lo > tb) tb += (lo - tb) / kTW * kTW;
   }
-  const int64_t ntiles = te > tb ? (te - tb + kTW - 1) / kTW : 0;
+  const int64_t ntiles = te > tb ? (te - tb + kTW - 1) / kTW : 0;  // (steal: the pool's tiles)
   const int64_t my_tiles = ntiles > tgrp ? (ntiles - tgrp + kTG - 1) / kTG : 0;
 
   // ---- the warp's copy ring -------------------------------------------------------------------
@@ -540,8 +555,10 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
   // around them (the offset soff of the tile inside that span is the same for every tile of the
   // block, since tiles advance by multiples of 16 bytes).
   const uint32_t wring = smem_addr(smem) + uint32_t(warp * STAGES * S::kStage);
-  const int64_t tile_step = int64_t(kTG) * kTW;  // tokens from one of the warp's tiles to the next
-  const int64_t t_first = tb + int64_t(tgrp) * kTW;
+  // tokens from one of the warp's tiles to the next; its first tile (steal: issue(i) copies pool
+  // tile i, both from the pool's first tile)
+  const int64_t tile_step = steal ? int64_t(kTW) : int64_t(kTG) * kTW;
+  const int64_t t_first = steal ? tb : tb + int64_t(tgrp) * kTW;
   // The cache rows of the warp's first tile. Every layout (mma_supports) has token stride 1, tiles
   // that lie in one page (or two 16-token pages), and strides that keep the 16-byte phase of the
   // scale spans (the same for K and V).
@@ -664,10 +681,27 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
     }
   };
 
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < my_tiles) issue(s, s);
+#if QSDPA_MMA_STEAL
+  static_assert(!kStealCode || STAGES == 2, "the pool: one tile in flight ahead");
+  int64_t i_cur = 0, i_next = 0;  // (steal) pool tiles: computed now, issued now
+  int pend = 0;                   // (steal, lane 0) the tile after, its atomic in flight
+  if (steal) {
+    int first = 0;
+    if (lane == 0) first = atomicAdd(a.work + blockIdx.x, 1);
+    i_cur = __shfl_sync(0xffffffffu, first, 0);
+    if (i_cur < ntiles) {
+      issue(i_cur, 0);
+      if (lane == 0) pend = atomicAdd(a.work + blockIdx.x, 1);
+    }
     cp_commit();
+  } else
+#endif
+  {
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < my_tiles) issue(s, s);
+      cp_commit();
+    }
   }
 
   // ---- query rows: scaled copy in f32, per-row scale, per-group sums --------------------------
@@ -849,11 +883,30 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
 
   int stage = 0;
   int64_t t0 = t_first;
+#if QSDPA_MMA_STEAL
+  for (int64_t it = 0; steal ? i_cur < ntiles : it < my_tiles;
+       ++it, t0 += tile_step, i_cur = i_next, stage = stage + 1 == STAGES ? 0 : stage + 1) {
+    cp_wait<STAGES - 2>();
+    __syncwarp();
+    if (steal) {
+      // every tile taken from the pool below ntiles is computed: the loop goes on to it
+      t0 = tb + i_cur * kTW;
+      i_next = __shfl_sync(0xffffffffu, pend, 0);
+      if (i_next < ntiles) {
+        issue(i_next, stage ^ 1);
+        if (lane == 0) pend = atomicAdd(a.work + blockIdx.x, 1);
+      }
+    } else if (it + STAGES - 1 < my_tiles) {
+      issue(it + STAGES - 1, stage == 0 ? STAGES - 1 : stage - 1);
+    }
+    cp_commit();
+#else
   for (int64_t it = 0; it < my_tiles; ++it, t0 += tile_step, stage = stage + 1 == STAGES ? 0 : stage + 1) {
     cp_wait<STAGES - 2>();
     __syncwarp();
     if (it + STAGES - 1 < my_tiles) issue(it + STAGES - 1, stage == 0 ? STAGES - 1 : stage - 1);
     cp_commit();
+#endif
 
     const uint32_t sk = wring + uint32_t(stage * S::kStage), sv = sk + kTW * kRB;
     const uint32_t sks = sv + kTW * kRBV + uint32_t(soff);  // k scales of the tile's first token

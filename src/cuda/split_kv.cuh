@@ -33,6 +33,14 @@ namespace qsdpa::cuda {
 #ifndef QSDPA_MMA_TRACE
 #define QSDPA_MMA_TRACE 0
 #endif
+// -DQSDPA_MMA_STEAL=1: an experiment (not yet run on a GPU). With the in-kernel merge, the warps of
+// a row tile's splits take its token tiles one at a time from a counter per row tile
+// (AttnArgs::work, the second kInKernelMergeSlots int32 of the workspace, set back to 0 by the
+// last split), so that the faster blocks take more tiles and the splits end together
+// (mma_kernel.cuh; contiguous caches without clusters or d-split).
+#ifndef QSDPA_MMA_STEAL
+#define QSDPA_MMA_STEAL 0
+#endif
 
 struct AttnArgs {
   const void* q;
@@ -85,6 +93,9 @@ struct AttnArgs {
   // launch). The counters are zero before the call (the workspace's first kInKernelMergeSlots int32,
   // zero-filled once) and again after it.
   int* counters;
+#if QSDPA_MMA_STEAL
+  int* work;  // (steal builds) the row tiles' next pool tile; non-null with counters
+#endif
 #if QSDPA_MMA_TRACE
   // (trace builds, -DQSDPA_MMA_TRACE=1: backend.cu) per block of the tensor-core kernel, 4 u64 from
   // index 4 (blockIdx.y * gridDim.x + blockIdx.x): %globaltimer at its start, after its token loop
@@ -96,7 +107,7 @@ struct AttnArgs {
 // The workspace: kInKernelMergeSlots int32 counters first (at a fixed place, so that no call's
 // partials overwrite another call's counters), then the partials (16-byte aligned).
 constexpr int64_t kInKernelMergeSlots = 16384;
-constexpr size_t kCounterBytes = size_t(kInKernelMergeSlots) * sizeof(int);
+constexpr size_t kCounterBytes = size_t(kInKernelMergeSlots) * sizeof(int) * (QSDPA_MMA_STEAL ? 2 : 1);
 // The most splits the in-kernel merge takes (its weights, [rows of a tile][splits] f32, live in the
 // kernel's shared memory); more go to the combine kernel.
 constexpr int kInKernelMergeMaxSplits = 128;
