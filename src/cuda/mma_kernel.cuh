@@ -338,13 +338,14 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
     const int before = atomicAdd(a.counters + blockIdx.x, 1);
     *last = before == S - 1;
     if (before == S - 1) a.counters[blockIdx.x] = 0;  // (all splits arrived: zero for the next call)
-#if QSDPA_MMA_STEAL
-    if (before == S - 1 && a.work) a.work[blockIdx.x] = 0;  // (and the pool: every warp is past it)
-#endif
   }
   __syncthreads();
   if (!*last) return;
   __threadfence();  // (the other splits' partials, behind their arrivals)
+#if QSDPA_MMA_STEAL
+  // (and the pool's counter: every split's warps took their last tile before arriving)
+  if (tid == 0 && a.work) a.work[blockIdx.x] = 0;
+#endif
   const int64_t rows_total = a.B * a.Hq * a.Lq;
   float* wm = scratch + 4;                        // [RT][S] m, then the weights
   float* wl = wm + RT * S;                        // [RT][S] l

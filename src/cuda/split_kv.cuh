@@ -94,7 +94,10 @@ struct AttnArgs {
   // zero-filled once) and again after it.
   int* counters;
 #if QSDPA_MMA_STEAL
-  int* work;  // (steal builds) the row tiles' next pool tile; non-null with counters
+  // (steal builds) the row tiles' next pool tile: the kInKernelMergeSlots int32 after the counters,
+  // zero before and after each call as they are (the last split sets its row tile's back to 0);
+  // non-null with counters
+  int* work;
 #endif
 #if QSDPA_MMA_TRACE
   // (trace builds, -DQSDPA_MMA_TRACE=1: backend.cu) per block of the tensor-core kernel, 4 u64 from
@@ -105,7 +108,8 @@ struct AttnArgs {
 };
 
 // The workspace: kInKernelMergeSlots int32 counters first (at a fixed place, so that no call's
-// partials overwrite another call's counters), then the partials (16-byte aligned).
+// partials overwrite another call's counters; steal builds: twice as many, the pool counters
+// after the arrival counters), then the partials (16-byte aligned).
 constexpr int64_t kInKernelMergeSlots = 16384;
 constexpr size_t kCounterBytes = size_t(kInKernelMergeSlots) * sizeof(int) * (QSDPA_MMA_STEAL ? 2 : 1);
 // The most splits the in-kernel merge takes (its weights, [rows of a tile][splits] f32, live in the
