@@ -398,6 +398,63 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
   // round (a split with no visible key, weight 0, may have left its o unwritten: split arg's is
   // read in its place).
   const int D4 = D / 4;
+#if QSDPA_MMA_MERGE_BATCH
+  // (an experiment, -DQSDPA_MMA_MERGE_BATCH=1, not yet run on a GPU) up to 8 splits and kEB
+  // elements per thread: every load in one round, then the sums and stores. The loop below takes
+  // one element per round trip: 4 for 16 rows of 128 dims (Lq=4), ~1 us each under load.
+  constexpr int kEB = RT >= 16 ? 4 : 2;  // (4 x 8 float4 fit the two-n-tile kernels' registers)
+  if (S <= 8 && nrows * D4 <= kEB * kWarps * 32) {
+    float4 ob[kEB][8];
+    float wb[kEB][8];
+#pragma unroll
+    for (int e = 0; e < kEB; ++e) {
+      const int idx = tid + e * kWarps * 32;
+      const bool ok = idx < nrows * D4;
+      const int lr = ok ? idx / D4 : 0, d = ok ? 4 * (idx - lr * D4) : 0;
+      int64_t h;
+      int i;
+      const int64_t row = row_of(lr, h, i);
+      const bool live = ok && rinv[lr] != 0.0f;
+      const int arg = rarg[lr];
+      const float* po = a.part_o + row * D + d;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        wb[e][k] = live && k < S ? wm[lr * S + k] : 0.0f;
+        // (weight 0: the split may have left its o unwritten; split arg's is read in its place)
+        ob[e][k] = live && k < S ? __ldcg(reinterpret_cast<const float4*>(
+                                       po + (int64_t(wb[e][k] != 0.0f ? k : arg) * rows_total) * D))
+                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < kEB; ++e) {
+      const int idx = tid + e * kWarps * 32;
+      if (idx >= nrows * D4) continue;
+      const int lr = idx / D4, d = 4 * (idx - lr * D4);
+      int64_t h;
+      int i;
+      row_of(lr, h, i);
+      const float inv = rinv[lr];
+      float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        acc.x = fmaf(wb[e][k], ob[e][k].x, acc.x), acc.y = fmaf(wb[e][k], ob[e][k].y, acc.y);
+        acc.z = fmaf(wb[e][k], ob[e][k].z, acc.z), acc.w = fmaf(wb[e][k], ob[e][k].w, acc.w);
+      }
+      acc.x *= inv, acc.y *= inv, acc.z *= inv, acc.w *= inv;
+      const int64_t o = a.omap.at(b, h, i) + d;
+      if (a.dtype == kF32 && (reinterpret_cast<uintptr_t>(static_cast<float*>(a.out) + o) & 15) == 0) {
+        *reinterpret_cast<float4*>(static_cast<float*>(a.out) + o) = acc;
+      } else {
+        store_t(a.out, a.dtype, o, acc.x);
+        store_t(a.out, a.dtype, o + 1, acc.y);
+        store_t(a.out, a.dtype, o + 2, acc.z);
+        store_t(a.out, a.dtype, o + 3, acc.w);
+      }
+    }
+    return;
+  }
+#endif
   for (int idx = tid; idx < nrows * D4; idx += kWarps * 32) {
     const int lr = idx / D4, d = 4 * (idx - lr * D4);
     int64_t h;

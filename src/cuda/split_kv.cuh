@@ -41,6 +41,11 @@ namespace qsdpa::cuda {
 #ifndef QSDPA_MMA_STEAL
 #define QSDPA_MMA_STEAL 0
 #endif
+// -DQSDPA_MMA_MERGE_BATCH=1: an experiment (not yet run on a GPU). The in-kernel merge of at most 8
+// splits issues all of a thread's loads of o in one round (mma_kernel.cuh, merge_if_last).
+#ifndef QSDPA_MMA_MERGE_BATCH
+#define QSDPA_MMA_MERGE_BATCH 0
+#endif
 
 struct AttnArgs {
   const void* q;
