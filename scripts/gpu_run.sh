@@ -10,9 +10,12 @@
 # cpu.txt, with QSDPA_GPU_NCU=1 ncu.txt, with QSDPA_GPU_TUNE tune.jsonl, and logs.tgz (build, ctest,
 # sanitizer, bench, nvidia-smi and the other logs, with QSDPA_GPU_NCU_SOURCE=1 also the executed
 # instructions per SASS line of the headline kernel, ncu_source.csv; QSDPA_GPU_PACK=0 leaves them
-# as plain files). Each step has a time limit taken from
-# what is left of QSDPA_GPU_BUDGET seconds (default 450), so the run ends in time and summary.txt
-# always says what ran and what did not.
+# as plain files), with QSDPA_GPU_TRACE=1 trace.txt and traces.tgz (per-block timelines of a
+# -DQSDPA_MMA_TRACE=1 build on the bench's shapes). QSDPA_GPU_CUDA_FLAGS builds the main build (and
+# so the tests) with knobs; QSDPA_GPU_CTEST_REGEX / QSDPA_GPU_CTEST_REST=0 narrow the tests. Each
+# step has a time limit taken from what is left of QSDPA_GPU_BUDGET seconds (default 450), so the
+# run ends in time and summary.txt always says what ran and what did not. scripts/gpu_mutants.sh
+# runs after it, in the same build folder.
 set -uo pipefail
 
 out="${1:?usage: scripts/gpu_run.sh OUTDIR}"
