@@ -316,6 +316,15 @@ inline __device__ __noinline__ void trace_block(const AttnArgs& a, unsigned long
 }
 #endif
 
+// -DQSDPA_MMA_FENCE_ACQREL=1 (an experiment, not yet run on a GPU): the arrival without the
+// sequentially consistent fences (__threadfence, MEMBAR.SC.GPU in SASS) of every thread before it
+// and after it. The block's barrier, then one atom.add.acq_rel.gpu by thread 0 (release: the
+// block's partial stores before the barrier, acquire: the other splits' before their arrivals),
+// then the barrier again, as a grid barrier of release / acquire semantics does.
+#ifndef QSDPA_MMA_FENCE_ACQREL
+#define QSDPA_MMA_FENCE_ACQREL 0
+#endif
+
 // The in-kernel merge of the splits (a.counters non-null; split_kv.cuh), called by every thread of
 // the block once its share of the block's partials (part_m, part_l, part_o of the tile's nrows
 // rows) is stored. The block counts its arrival in counters[blockIdx.x]; the last of the
@@ -332,16 +341,28 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
                                               int64_t kvh, int rep, int Lq) {
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, S = int(gridDim.y), D = int(a.D);
   int* last = reinterpret_cast<int*>(scratch);
+#if QSDPA_MMA_FENCE_ACQREL
+  __syncthreads();
+  if (tid == 0) {
+    int before;
+    asm volatile("atom.add.acq_rel.gpu.global.s32 %0, [%1], 1;\n"
+                 : "=r"(before)
+                 : "l"(a.counters + blockIdx.x)
+                 : "memory");
+#else
   __threadfence();  // this thread's partials are visible on the device before the arrival is
   __syncthreads();
   if (tid == 0) {
     const int before = atomicAdd(a.counters + blockIdx.x, 1);
+#endif
     *last = before == S - 1;
     if (before == S - 1) a.counters[blockIdx.x] = 0;  // (all splits arrived: zero for the next call)
   }
   __syncthreads();
   if (!*last) return;
+#if !QSDPA_MMA_FENCE_ACQREL
   __threadfence();  // (the other splits' partials, behind their arrivals)
+#endif
 #if QSDPA_MMA_STEAL
   // (and the pool's counter: every split's warps took their last tile before arriving)
   if (tid == 0 && a.work) a.work[blockIdx.x] = 0;
