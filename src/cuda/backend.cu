@@ -78,6 +78,7 @@ Status error(StatusCode c, std::string msg) { return make_status(c, std::move(ms
 // end, end] ...]} with the times in ns from the earliest start. Every other call only, so that each
 // traced call runs behind an untraced one, as calls do back to back.
 constexpr int64_t kTraceBlocks = 1 << 16;
+constexpr size_t kTraceWords = 4 + 4 * size_t(kTraceBlocks);  // (a header, then 4 per block)
 struct Trace {
   unsigned long long* buf = nullptr;
   long calls = 0;
@@ -91,9 +92,9 @@ long env_long(const char* name, long dflt) {
 
 void trace_arm(AttnArgs& a, cudaStream_t s) {
   a.trace = nullptr;
-  if (!g_trace.buf && cudaMalloc(&g_trace.buf, size_t(4 + 4 * kTraceBlocks) * 8) != cudaSuccess) g_trace.buf = nullptr;
+  if (!g_trace.buf && cudaMalloc(&g_trace.buf, kTraceWords * 8) != cudaSuccess) g_trace.buf = nullptr;
   if (!g_trace.buf) return;
-  cudaMemsetAsync(g_trace.buf, 0, size_t(4 + 4 * kTraceBlocks) * 8, s);
+  cudaMemsetAsync(g_trace.buf, 0, kTraceWords * 8, s);
   a.trace = g_trace.buf;
 }
 
@@ -101,7 +102,7 @@ void trace_dump(const AttnArgs& a, cudaStream_t s) {
   const long call = g_trace.calls++, skip = env_long("QSDPA_TRACE_SKIP", 20), n = env_long("QSDPA_TRACE_CALLS", 3);
   const char* path = std::getenv("QSDPA_TRACE_FILE");
   if (!a.trace || !path || call < skip || call >= skip + 2 * n || (call - skip) % 2) return;
-  std::vector<unsigned long long> h(size_t(4 + 4 * kTraceBlocks));
+  std::vector<unsigned long long> h(kTraceWords);
   if (cudaStreamSynchronize(s) != cudaSuccess ||
       cudaMemcpy(h.data(), a.trace, h.size() * 8, cudaMemcpyDeviceToHost) != cudaSuccess)
     return;

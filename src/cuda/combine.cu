@@ -147,12 +147,7 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
     }
     const int64_t bq = row / a.Lq, b = bq / a.Hq, h = bq - b * a.Hq, i = row - bq * a.Lq;
     const int64_t base = a.omap.at(b, h, i) + d0;
-    if (a.dtype == kF32 && (reinterpret_cast<uintptr_t>(static_cast<float*>(a.out) + base) & 15) == 0) {
-      *reinterpret_cast<float4*>(static_cast<float*>(a.out) + base) = make_float4(r[0], r[1], r[2], r[3]);
-    } else {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) store_t(a.out, a.dtype, base + e, r[e]);
-    }
+    store4_t(a.out, a.dtype, base, make_float4(r[0], r[1], r[2], r[3]));
   }
 }
 

@@ -51,6 +51,19 @@ __device__ __forceinline__ void store_t(void* p, int dtype, int64_t i, float v) 
   }
 }
 
+// Four consecutive outputs from element i: one 16-byte store where T is f32 and the address is
+// 16-byte aligned, else four store_t.
+__device__ __forceinline__ void store4_t(void* p, int dtype, int64_t i, float4 v) {
+  if (dtype == kF32 && (reinterpret_cast<uintptr_t>(static_cast<float*>(p) + i) & 15) == 0) {
+    *reinterpret_cast<float4*>(static_cast<float*>(p) + i) = v;
+  } else {
+    store_t(p, dtype, i, v.x);
+    store_t(p, dtype, i + 1, v.y);
+    store_t(p, dtype, i + 2, v.z);
+    store_t(p, dtype, i + 3, v.w);
+  }
+}
+
 // Value e of a packed word (low bits first) as an exact f32. The integer is placed in the
 // mantissa of 2^23 and 2^23 is subtracted: two full-rate ALU operations instead of a conversion,
 // which runs at a quarter of the rate on recent GPUs.

@@ -426,7 +426,8 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
   constexpr int kEB = RT >= 16 ? 4 : 2;  // (4 x 8 float4 fit the two-n-tile kernels' registers)
   if (S <= 8 && nrows * D4 <= kEB * kWarps * 32) {
     float4 ob[kEB][8];
-    float wb[kEB][8];
+    float wb[kEB][8], invb[kEB];
+    int64_t outb[kEB];  // (the element's first output)
 #pragma unroll
     for (int e = 0; e < kEB; ++e) {
       const int idx = tid + e * kWarps * 32;
@@ -435,7 +436,9 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
       int64_t h;
       int i;
       const int64_t row = row_of(lr, h, i);
-      const bool live = ok && rinv[lr] != 0.0f;
+      invb[e] = rinv[lr];
+      outb[e] = a.omap.at(b, h, i) + d;
+      const bool live = ok && invb[e] != 0.0f;
       const int arg = rarg[lr];
       const float* po = a.part_o + row * D + d;
 #pragma unroll
@@ -449,13 +452,8 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
     }
 #pragma unroll
     for (int e = 0; e < kEB; ++e) {
-      const int idx = tid + e * kWarps * 32;
-      if (idx >= nrows * D4) continue;
-      const int lr = idx / D4, d = 4 * (idx - lr * D4);
-      int64_t h;
-      int i;
-      row_of(lr, h, i);
-      const float inv = rinv[lr];
+      if (tid + e * kWarps * 32 >= nrows * D4) continue;
+      const float inv = invb[e];
       float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
@@ -463,15 +461,7 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
         acc.z = fmaf(wb[e][k], ob[e][k].z, acc.z), acc.w = fmaf(wb[e][k], ob[e][k].w, acc.w);
       }
       acc.x *= inv, acc.y *= inv, acc.z *= inv, acc.w *= inv;
-      const int64_t o = a.omap.at(b, h, i) + d;
-      if (a.dtype == kF32 && (reinterpret_cast<uintptr_t>(static_cast<float*>(a.out) + o) & 15) == 0) {
-        *reinterpret_cast<float4*>(static_cast<float*>(a.out) + o) = acc;
-      } else {
-        store_t(a.out, a.dtype, o, acc.x);
-        store_t(a.out, a.dtype, o + 1, acc.y);
-        store_t(a.out, a.dtype, o + 2, acc.z);
-        store_t(a.out, a.dtype, o + 3, acc.w);
-      }
+      store4_t(a.out, a.dtype, outb[e], acc);
     }
     return;
   }
@@ -503,6 +493,8 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
       }
       acc.x *= inv, acc.y *= inv, acc.z *= inv, acc.w *= inv;
     }
+    // (the same as store4_t, written out: with the call, the register allocation of every
+    // kernel's token loop changed (SASS), a change not yet timed on a GPU)
     const int64_t o = a.omap.at(b, h, i) + d;
     if (a.dtype == kF32 && (reinterpret_cast<uintptr_t>(static_cast<float*>(a.out) + o) & 15) == 0) {
       *reinterpret_cast<float4*>(static_cast<float*>(a.out) + o) = acc;

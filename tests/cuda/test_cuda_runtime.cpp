@@ -35,9 +35,9 @@ struct Stream {
 };
 
 // Captures attention(p) on stream `stream` into a graph and replays it `replays` times, out
-// poisoned before each replay and checked after.
-void capture_and_replay(const AttentionParams& p, cudaStream_t stream, test::DeviceProblem& d, int replays) {
-  const test::ReferenceCheck check(d.host.params(Backend::reference));  // (the reference once)
+// poisoned before each replay and held to `check` after.
+void capture_and_replay(const AttentionParams& p, cudaStream_t stream, test::DeviceProblem& d,
+                        const test::ReferenceCheck& check, int replays) {
   cudaGraph_t graph = nullptr;
   CUDA_ASSERT(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   const Status s = attention(p);
@@ -162,7 +162,7 @@ TEST(CudaRuntime, GraphCaptureWithWorkspace) {
   test::DeviceBuffer ws(bytes);
   p.workspace = ws.get(), p.workspace_bytes = bytes;
 
-  ASSERT_NO_FATAL_FAILURE(capture_and_replay(p, st.s, d, 2));
+  ASSERT_NO_FATAL_FAILURE(capture_and_replay(p, st.s, d, test::ReferenceCheck(h.params(Backend::reference)), 2));
 }
 
 namespace {
@@ -258,13 +258,14 @@ TEST(CudaRuntime, ZeroedCallerWorkspaceAndGraphReplays) {
   const bool in_kernel = cuda::uses_in_kernel_merge(p);
   EXPECT_TRUE(in_kernel || !cuda::uses_tensor_cores(p)) << c.str();
 
-  ASSERT_NO_FATAL_FAILURE(capture_and_replay(p, st.s, d, 4));
+  const test::ReferenceCheck check(h.params(Backend::reference));  // (the reference once)
+  ASSERT_NO_FATAL_FAILURE(capture_and_replay(p, st.s, d, check, 4));
   // and a direct call on the same workspace after the replays
   d.poison();
   ASSERT_TRUE(attention(p).ok());
   CUDA_ASSERT(cudaStreamSynchronize(st.s));
   ASSERT_EQ(d.fetch(), "");
-  EXPECT_EQ(test::ReferenceCheck(h.params(Backend::reference))(h.out.data()), "");
+  EXPECT_EQ(check(h.out.data()), "");
 }
 
 // Without a workspace, a stream whose library buffer is too small cannot be captured: the call
