@@ -41,11 +41,9 @@ mutants=(
   'no-reset|src/cuda/mma_kernel.cuh|s/^    if (before == S - 1) a.counters\[blockIdx.x\] = 0;.*$//|the last split no longer sets its row tile'"'"'s counter back to 0|'"$all_tests"'|all'
   'no-reset-g64|src/cuda/mma_kernel.cuh|s/^    if (before == S - 1) a.counters\[blockIdx.x\] = 0;.*$//|the same, in the group-64 instantiations only|test_cuda_runtime@'"$tests_rt"'|g64'
   'empty-silent|src/cuda/mma_kernel.cuh|s/^        merge_if_last_cold<kRT>(&a, reinterpret_cast<float\*>(smem), nrows, r0, b, kvh, rep, Lq);$/        ;/|a split without tokens no longer counts its arrival|'"$all_tests"'|all'
-  'no-work-reset|src/cuda/mma_kernel.cuh|s/^  if (tid == 0 \&\& a.work) a.work\[blockIdx.x\] = 0;$//|(a build with -DQSDPA_MMA_STEAL=1 only) the pool counter of a row tile is not set back to 0|test_cuda_runtime@'"$tests_rt"' test_cuda_serving@'"$tests_sv"'|all'
   'zeroed-unasked|src/cuda/backend.cu|s/return in_kernel_merge(a, !p.workspace .. p.workspace_zeroed);/return in_kernel_merge(a, true);/|a caller'"'"'s workspace is taken as zero-filled without workspace_zeroed|test_cuda_runtime@'"$tests_rt"'|all'
 )
-# QSDPA_MUTANTS='name name': only these (default: all; no-work-reset means something only when the
-# build folder was configured with -DQSDPA_MMA_STEAL=1, QSDPA_GPU_CUDA_FLAGS of gpu_run.sh)
+# QSDPA_MUTANTS='name name': only these (default: all)
 only=" ${QSDPA_MUTANTS:-} "
 
 restore() { for f in src/cuda/mma_kernel.cuh src/cuda/backend.cu; do [ -f "$out/orig.$(basename $f)" ] && cp "$out/orig.$(basename $f)" "$f"; done; }

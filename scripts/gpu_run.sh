@@ -64,7 +64,7 @@ deps_flag=()
 jobs=$(nproc)
 {
   # (QSDPA_GPU_CUDA_FLAGS: knobs for the main build, so that the tests run on them, e.g.
-  # '-DQSDPA_MMA_STEAL=1')
+  # '-DQSDPA_MMA_MERGE_BATCH=1')
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DQSDPA_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90a-real -DQSDPA_TEST_MLX=OFF "${deps_flag[@]}" \
     "-DCMAKE_CUDA_FLAGS=${QSDPA_GPU_CUDA_FLAGS:-}" \

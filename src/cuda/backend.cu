@@ -428,9 +428,6 @@ void place_partials(AttnArgs& a, void* ws, bool in_kernel) {
   const size_t n = size_t(a.num_splits) * size_t(a.B * a.Hq * a.Lq);
   const uintptr_t counters = align16(reinterpret_cast<uintptr_t>(ws)), base = counters + cuda::kCounterBytes;
   a.counters = in_kernel ? reinterpret_cast<int*>(counters) : nullptr;
-#if QSDPA_MMA_STEAL
-  a.work = in_kernel ? reinterpret_cast<int*>(counters) + cuda::kInKernelMergeSlots : nullptr;
-#endif
   a.part_m = reinterpret_cast<float*>(base);
   a.part_l = a.part_m + n;
   a.part_o = reinterpret_cast<float*>(align16(reinterpret_cast<uintptr_t>(a.part_l + n)));

@@ -316,13 +316,18 @@ inline __device__ __noinline__ void trace_block(const AttnArgs& a, unsigned long
 }
 #endif
 
-// -DQSDPA_MMA_FENCE_ACQREL=1 (an experiment, not yet run on a GPU): the arrival without the
-// sequentially consistent fences (__threadfence, MEMBAR.SC.GPU in SASS) of every thread before it
-// and after it. The block's barrier, then one atom.add.acq_rel.gpu by thread 0 (release: the
-// block's partial stores before the barrier, acquire: the other splits' before their arrivals),
-// then the barrier again, as a grid barrier of release / acquire semantics does.
+// The in-kernel merge's arrival, two ways: sequentially consistent fences (__threadfence,
+// MEMBAR.SC.GPU in SASS) in every thread before it and after it, with a relaxed atomicAdd; or the
+// block's barrier, one atom.add.acq_rel.gpu by thread 0 (release: the block's partial stores
+// before the barrier; acquire: the other splits', before their arrivals), then the barrier again,
+// as a grid barrier of release / acquire semantics does. -DQSDPA_MMA_FENCE_ACQREL=0: fences
+// everywhere, 1: acq_rel everywhere, 2 (the default): acq_rel in the two-n-tile kernels (RT = 16)
+// only. Measured on an H200 (2026-12-01, run 41, with MERGE_BATCH below, 2 rounds): B=8 N=32768
+// Lq=4 4-bit 120.3 -> 117.5 us, 8-bit 154.5 -> 154.6; everywhere (1), the Lq=1 shapes gained
+// nothing beyond noise and D=256, which merges in the combine kernel, lost 0.7-1.4 us (the merge's
+// code changed its kernels' register allocation).
 #ifndef QSDPA_MMA_FENCE_ACQREL
-#define QSDPA_MMA_FENCE_ACQREL 0
+#define QSDPA_MMA_FENCE_ACQREL 2
 #endif
 
 // The in-kernel merge of the splits (a.counters non-null; split_kv.cuh), called by every thread of
@@ -341,32 +346,24 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
                                               int64_t kvh, int rep, int Lq) {
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, S = int(gridDim.y), D = int(a.D);
   int* last = reinterpret_cast<int*>(scratch);
-#if QSDPA_MMA_FENCE_ACQREL
+  constexpr bool kAcqRel = QSDPA_MMA_FENCE_ACQREL == 1 || (QSDPA_MMA_FENCE_ACQREL == 2 && RT >= 16);
+  if constexpr (!kAcqRel) __threadfence();  // this thread's partials are visible on the device before the arrival is
   __syncthreads();
   if (tid == 0) {
     int before;
-    asm volatile("atom.add.acq_rel.gpu.global.s32 %0, [%1], 1;\n"
-                 : "=r"(before)
-                 : "l"(a.counters + blockIdx.x)
-                 : "memory");
-#else
-  __threadfence();  // this thread's partials are visible on the device before the arrival is
-  __syncthreads();
-  if (tid == 0) {
-    const int before = atomicAdd(a.counters + blockIdx.x, 1);
-#endif
+    if constexpr (kAcqRel)
+      asm volatile("atom.add.acq_rel.gpu.global.s32 %0, [%1], 1;\n"
+                   : "=r"(before)
+                   : "l"(a.counters + blockIdx.x)
+                   : "memory");
+    else
+      before = atomicAdd(a.counters + blockIdx.x, 1);
     *last = before == S - 1;
     if (before == S - 1) a.counters[blockIdx.x] = 0;  // (all splits arrived: zero for the next call)
   }
   __syncthreads();
   if (!*last) return;
-#if !QSDPA_MMA_FENCE_ACQREL
-  __threadfence();  // (the other splits' partials, behind their arrivals)
-#endif
-#if QSDPA_MMA_STEAL
-  // (and the pool's counter: every split's warps took their last tile before arriving)
-  if (tid == 0 && a.work) a.work[blockIdx.x] = 0;
-#endif
+  if constexpr (!kAcqRel) __threadfence();  // (the other splits' partials, behind their arrivals)
   const int64_t rows_total = a.B * a.Hq * a.Lq;
   float* wm = scratch + 4;                        // [RT][S] m, then the weights
   float* wl = wm + RT * S;                        // [RT][S] l
@@ -419,12 +416,12 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
   // round (a split with no visible key, weight 0, may have left its o unwritten: split arg's is
   // read in its place).
   const int D4 = D / 4;
-#if QSDPA_MMA_MERGE_BATCH
-  // (an experiment, -DQSDPA_MMA_MERGE_BATCH=1, not yet run on a GPU) up to 8 splits and kEB
-  // elements per thread: every load in one round, then the sums and stores. The loop below takes
-  // one element per round trip: 4 for 16 rows of 128 dims (Lq=4), ~1 us each under load.
+  // The batch merge (QSDPA_MMA_MERGE_BATCH, split_kv.cuh): up to 8 splits and kEB elements per
+  // thread, every load in one round, then the sums and stores. The loop below takes one element
+  // per round trip: 4 for 16 rows of 128 dims (Lq=4), ~1 us each under load.
+  constexpr bool kBatch = QSDPA_MMA_MERGE_BATCH == 1 || (QSDPA_MMA_MERGE_BATCH == 2 && RT >= 16);
   constexpr int kEB = RT >= 16 ? 4 : 2;  // (4 x 8 float4 fit the two-n-tile kernels' registers)
-  if (S <= 8 && nrows * D4 <= kEB * kWarps * 32) {
+  if (kBatch && S <= 8 && nrows * D4 <= kEB * kWarps * 32) {
     float4 ob[kEB][8];
     float wb[kEB][8], invb[kEB];
     int64_t outb[kEB];  // (the element's first output)
@@ -465,7 +462,6 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
     }
     return;
   }
-#endif
   for (int idx = tid; idx < nrows * D4; idx += kWarps * 32) {
     const int lr = idx / D4, d = 4 * (idx - lr * D4);
     int64_t h;
@@ -574,23 +570,12 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
 
   // ---- this block's tokens; tiles before the sliding window of every row are skipped --------
   int64_t tb = a.t_begin + int64_t(split) * a.chunk;
-  const int64_t te_split = n < tb + a.chunk ? n : tb + a.chunk;
-#if QSDPA_MMA_STEAL
-  // (an experiment, -DQSDPA_MMA_STEAL=1: split_kv.cuh) the warps of every split of the row tile
-  // that has tokens take the row tile's token tiles, [t_begin, n) past the window skip, one at a
-  // time from a.work[blockIdx.x]; the block still writes its partial in its split's slot
-  constexpr bool kStealCode = LAYOUT == kContig && kDS == 1;
-  const bool steal = kStealCode && a.counters != nullptr && a.work != nullptr;
-  const int64_t te = steal ? n : te_split;
-#else
-  constexpr bool steal = false;
-  const int64_t te = te_split;
-#endif
+  const int64_t te = n < tb + a.chunk ? n : tb + a.chunk;
   // The query rows' region of shared memory (filled below; after the token loop it holds the
   // block's merged state for cluster_combine: o in qf, m and l in qc).
   float* qf = reinterpret_cast<float*>(smem + S::kMain);  // [kRT][D]
   float* qc = qf + kRT * D;                               // [kRT][kNGMax]  Σ_g q
-  if (tb >= te_split) {  // a split past this sequence's end (per-sequence lengths): no key, nothing else
+  if (tb >= te) {  // a split past this sequence's end (per-sequence lengths): no key, nothing else
     if (kCl) {  // the cluster's other splits still merge with this one's (empty) state
       for (int lr = tid; lr < kRT; lr += kWarps * 32) qc[lr] = -INFINITY, qc[kRT + lr] = 0.0f;
       cluster_combine<D, kRT>(a, qc, qc + kRT, qf, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
@@ -612,12 +597,11 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
     }
     return;
   }
-  if (steal) tb = a.t_begin;  // (the pool's first tile)
   if (a.window > 0) {
     const int64_t lo = n - lq - a.window + 1;
     if (lo > tb) tb += (lo - tb) / kTW * kTW;
   }
-  const int64_t ntiles = te > tb ? (te - tb + kTW - 1) / kTW : 0;  // (steal: the pool's tiles)
+  const int64_t ntiles = te > tb ? (te - tb + kTW - 1) / kTW : 0;
   const int64_t my_tiles = ntiles > tgrp ? (ntiles - tgrp + kTG - 1) / kTG : 0;
 
   // ---- the warp's copy ring -------------------------------------------------------------------
@@ -626,10 +610,8 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
   // around them (the offset soff of the tile inside that span is the same for every tile of the
   // block, since tiles advance by multiples of 16 bytes).
   const uint32_t wring = smem_addr(smem) + uint32_t(warp * STAGES * S::kStage);
-  // tokens from one of the warp's tiles to the next; its first tile (steal: issue(i) copies pool
-  // tile i, both from the pool's first tile)
-  const int64_t tile_step = steal ? int64_t(kTW) : int64_t(kTG) * kTW;
-  const int64_t t_first = steal ? tb : tb + int64_t(tgrp) * kTW;
+  const int64_t tile_step = int64_t(kTG) * kTW;  // tokens from one of the warp's tiles to the next
+  const int64_t t_first = tb + int64_t(tgrp) * kTW;
   // The cache rows of the warp's first tile. Every layout (mma_supports) has token stride 1, tiles
   // that lie in one page (or two 16-token pages), and strides that keep the 16-byte phase of the
   // scale spans (the same for K and V).
@@ -752,27 +734,10 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
     }
   };
 
-#if QSDPA_MMA_STEAL
-  static_assert(!kStealCode || STAGES == 2, "the pool: one tile in flight ahead");
-  int64_t i_cur = 0, i_next = 0;  // (steal) pool tiles: computed now, issued now
-  int pend = 0;                   // (steal, lane 0) the tile after, its atomic in flight
-  if (steal) {
-    int first = 0;
-    if (lane == 0) first = atomicAdd(a.work + blockIdx.x, 1);
-    i_cur = __shfl_sync(0xffffffffu, first, 0);
-    if (i_cur < ntiles) {
-      issue(i_cur, 0);
-      if (lane == 0) pend = atomicAdd(a.work + blockIdx.x, 1);
-    }
-    cp_commit();
-  } else
-#endif
-  {
 #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < my_tiles) issue(s, s);
-      cp_commit();
-    }
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < my_tiles) issue(s, s);
+    cp_commit();
   }
 
   // ---- query rows: scaled copy in f32, per-row scale, per-group sums --------------------------
@@ -954,30 +919,11 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
 
   int stage = 0;
   int64_t t0 = t_first;
-#if QSDPA_MMA_STEAL
-  for (int64_t it = 0; steal ? i_cur < ntiles : it < my_tiles;
-       ++it, t0 += tile_step, i_cur = i_next, stage = stage + 1 == STAGES ? 0 : stage + 1) {
-    cp_wait<STAGES - 2>();
-    __syncwarp();
-    if (steal) {
-      // every tile taken from the pool below ntiles is computed: the loop goes on to it
-      t0 = tb + i_cur * kTW;
-      i_next = __shfl_sync(0xffffffffu, pend, 0);
-      if (i_next < ntiles) {
-        issue(i_next, stage ^ 1);
-        if (lane == 0) pend = atomicAdd(a.work + blockIdx.x, 1);
-      }
-    } else if (it + STAGES - 1 < my_tiles) {
-      issue(it + STAGES - 1, stage == 0 ? STAGES - 1 : stage - 1);
-    }
-    cp_commit();
-#else
   for (int64_t it = 0; it < my_tiles; ++it, t0 += tile_step, stage = stage + 1 == STAGES ? 0 : stage + 1) {
     cp_wait<STAGES - 2>();
     __syncwarp();
     if (it + STAGES - 1 < my_tiles) issue(it + STAGES - 1, stage == 0 ? STAGES - 1 : stage - 1);
     cp_commit();
-#endif
 
     const uint32_t sk = wring + uint32_t(stage * S::kStage), sv = sk + kTW * kRB;
     const uint32_t sks = sv + kTW * kRBV + uint32_t(soff);  // k scales of the tile's first token

@@ -33,18 +33,14 @@ namespace qsdpa::cuda {
 #ifndef QSDPA_MMA_TRACE
 #define QSDPA_MMA_TRACE 0
 #endif
-// -DQSDPA_MMA_STEAL=1: an experiment (not yet run on a GPU). With the in-kernel merge, the warps of
-// a row tile's splits take its token tiles one at a time from a counter per row tile
-// (AttnArgs::work, the second kInKernelMergeSlots int32 of the workspace, set back to 0 by the
-// last split), so that the faster blocks take more tiles and the splits end together
-// (mma_kernel.cuh; contiguous caches without clusters or d-split).
-#ifndef QSDPA_MMA_STEAL
-#define QSDPA_MMA_STEAL 0
-#endif
-// -DQSDPA_MMA_MERGE_BATCH=1: an experiment (not yet run on a GPU). The in-kernel merge of at most 8
-// splits issues all of a thread's loads of o in one round (mma_kernel.cuh, merge_if_last).
+// The in-kernel merge of at most 8 splits issues all of a thread's loads of o in one round, rather
+// than a round per four elements (mma_kernel.cuh, merge_if_last). -DQSDPA_MMA_MERGE_BATCH=0: never,
+// 1: in every kernel, 2 (the default): in the two-n-tile kernels (16 rows a block, Lq=4 at GQA 4)
+// only. Measured on an H200 (2026-12-01, run 41, with the acq_rel arrival, mma_kernel.cuh): B=8
+// N=32768 Lq=4 4-bit 120.3 -> 117.5 us; in every kernel it gained nothing at Lq=1 and cost D=256
+// (whose splits merge in the combine kernel) 0.7-1.4 us through its kernels' register allocation.
 #ifndef QSDPA_MMA_MERGE_BATCH
-#define QSDPA_MMA_MERGE_BATCH 0
+#define QSDPA_MMA_MERGE_BATCH 2
 #endif
 
 struct AttnArgs {
@@ -98,12 +94,6 @@ struct AttnArgs {
   // launch). The counters are zero before the call (the workspace's first kInKernelMergeSlots int32,
   // zero-filled once) and again after it.
   int* counters;
-#if QSDPA_MMA_STEAL
-  // (steal builds) the row tiles' next pool tile: the kInKernelMergeSlots int32 after the counters,
-  // zero before and after each call as they are (the last split sets its row tile's back to 0);
-  // non-null with counters
-  int* work;
-#endif
 #if QSDPA_MMA_TRACE
   // (trace builds, -DQSDPA_MMA_TRACE=1: backend.cu) per block of the tensor-core kernel, 4 u64 from
   // index 4 (blockIdx.y * gridDim.x + blockIdx.x): %globaltimer at its start, after its token loop
@@ -113,10 +103,9 @@ struct AttnArgs {
 };
 
 // The workspace: kInKernelMergeSlots int32 counters first (at a fixed place, so that no call's
-// partials overwrite another call's counters; steal builds: twice as many, the pool counters
-// after the arrival counters), then the partials (16-byte aligned).
+// partials overwrite another call's counters), then the partials (16-byte aligned).
 constexpr int64_t kInKernelMergeSlots = 16384;
-constexpr size_t kCounterBytes = size_t(kInKernelMergeSlots) * sizeof(int) * (QSDPA_MMA_STEAL ? 2 : 1);
+constexpr size_t kCounterBytes = size_t(kInKernelMergeSlots) * sizeof(int);
 // The most splits the in-kernel merge takes (its weights, [rows of a tile][splits] f32, live in the
 // kernel's shared memory); more go to the combine kernel.
 constexpr int kInKernelMergeMaxSplits = 128;
