@@ -38,6 +38,8 @@ def main():
         epi = [b[6] - b[5] for b in bl if not b[3]]
         epim = [b[6] - b[5] for b in bl if b[3]]
         end = [b[6] for b in bl]
+        # (records with the warps' loop ends) the spread of the warps' loop ends within each block
+        wsp = [max(b[7:]) - min(b[7:]) for b in bl if len(b) > 7 and min(b[7:]) > 0]
         span = max(end)
         sms = {}
         for b in bl:
@@ -58,6 +60,8 @@ def main():
               f"(blocks per SM: {dict(sorted(per_sm.items()))}); span {span / 1000:.1f}")
         print(f"  start {five(start)} | loop {five(loop)} | end {five(end)}")
         print(f"  after the loop: {five(epi)} (no merge), {five(epim)} ({len(epim)} merging blocks)")
+        if wsp:
+            print(f"  warps' loop ends within a block, last - first: {five(wsp)}")
         print(f"  SMs' last block end {five(sm_last)}; running blocks per tenth: {act}; "
               f"slot-time used {busy * 100:.0f} %")
 

@@ -75,10 +75,10 @@ Status error(StatusCode c, std::string msg) { return make_status(c, std::move(ms
 // block when it started, ended its token loop and ended (AttnArgs::trace). With QSDPA_TRACE_FILE
 // set, calls QSDPA_TRACE_SKIP, +2, +4 ... (QSDPA_TRACE_CALLS of them) are waited for and appended to
 // that file as one JSON line each: {"call", "gx", "gy", "blocks": [[x, y, sm, merged, start, loop
-// end, end] ...]} with the times in ns from the earliest start. Every other call only, so that each
+// end, end, warp 0's loop end, ... warp 3's] ...]} with the times in ns from the earliest start. Every other call only, so that each
 // traced call runs behind an untraced one, as calls do back to back.
-constexpr int64_t kTraceBlocks = 1 << 16;
-constexpr size_t kTraceWords = 4 + 4 * size_t(kTraceBlocks);  // (a header, then 4 per block)
+constexpr int64_t kTraceBlocks = cuda::kTraceMaxBlocks;
+constexpr size_t kTraceWords = 4 + cuda::kTraceBlockWords * size_t(kTraceBlocks);  // (a header, then the blocks)
 struct Trace {
   unsigned long long* buf = nullptr;
   long calls = 0;
@@ -109,16 +109,18 @@ void trace_dump(const AttnArgs& a, cudaStream_t s) {
   const int64_t gx = int64_t(h[0]), gy = int64_t(h[1]), nb = std::min<int64_t>(gx * gy, kTraceBlocks);
   unsigned long long t0 = ~0ull;
   for (int64_t i = 0; i < nb; ++i)
-    if (h[size_t(4 + 4 * i)]) t0 = std::min(t0, h[size_t(4 + 4 * i)]);
+    if (h[size_t(4 + cuda::kTraceBlockWords * i)]) t0 = std::min(t0, h[size_t(4 + cuda::kTraceBlockWords * i)]);
   FILE* f = std::fopen(path, "a");
   if (!f) return;
   std::fprintf(f, "{\"call\": %ld, \"gx\": %lld, \"gy\": %lld, \"blocks\": [", call, (long long)gx, (long long)gy);
   bool first = true;
   for (int64_t i = 0; i < nb; ++i) {
-    const unsigned long long* e = &h[size_t(4 + 4 * i)];
+    const unsigned long long* e = &h[size_t(4 + cuda::kTraceBlockWords * i)];
     if (!e[0]) continue;  // (a split without tokens records nothing)
-    std::fprintf(f, "%s[%lld, %lld, %llu, %llu, %llu, %llu, %llu]", first ? "" : ", ", (long long)(i % gx),
+    std::fprintf(f, "%s[%lld, %lld, %llu, %llu, %llu, %llu, %llu", first ? "" : ", ", (long long)(i % gx),
                  (long long)(i / gx), e[3] & 0xffffffffull, e[3] >> 32, e[0] - t0, e[1] - t0, e[2] - t0);
+    for (int w = 4; w < cuda::kTraceBlockWords; ++w) std::fprintf(f, ", %llu", e[w] ? e[w] - t0 : 0ull);
+    std::fprintf(f, "]");
     first = false;
   }
   std::fprintf(f, "]}\n");

@@ -310,7 +310,9 @@ inline __device__ __noinline__ void trace_block(const AttnArgs& a, unsigned long
   unsigned smid;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
   const unsigned long long t2 = global_ns();
-  unsigned long long* e = a.trace + 4 + 4 * (uint64_t(blockIdx.y) * gridDim.x + blockIdx.x);
+  const uint64_t blk = uint64_t(blockIdx.y) * gridDim.x + blockIdx.x;
+  if (blk >= uint64_t(kTraceMaxBlocks)) return;
+  unsigned long long* e = a.trace + 4 + kTraceBlockWords * blk;
   e[0] = t0, e[1] = t1, e[2] = t2, e[3] = smid | (uint64_t(merged) << 32);
   if (blockIdx.x == 0 && blockIdx.y == 0) a.trace[0] = gridDim.x, a.trace[1] = gridDim.y;
 }
@@ -1153,6 +1155,12 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
   }
 
   // ---- merge the warps into one partial per row ----------------------------------------------
+#if QSDPA_MMA_TRACE
+  static_assert(4 + kWarps <= kTraceBlockWords, "a word per warp");
+  if (const uint64_t blk = uint64_t(blockIdx.y) * gridDim.x + blockIdx.x;
+      lane == 0 && a.trace && blk < uint64_t(kTraceMaxBlocks))  // (when this warp left its loop)
+    a.trace[4 + kTraceBlockWords * blk + 4 + warp] = global_ns();
+#endif
   cp_wait<0>();
   __syncthreads();
 #if QSDPA_MMA_TRACE

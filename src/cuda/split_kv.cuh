@@ -95,12 +95,18 @@ struct AttnArgs {
   // zero-filled once) and again after it.
   int* counters;
 #if QSDPA_MMA_TRACE
-  // (trace builds, -DQSDPA_MMA_TRACE=1: backend.cu) per block of the tensor-core kernel, 4 u64 from
-  // index 4 (blockIdx.y * gridDim.x + blockIdx.x): %globaltimer at its start, after its token loop
-  // and at its end, then smid | (did the in-kernel merge) << 32; [0], [1]: gridDim.x, gridDim.y
+  // (trace builds, -DQSDPA_MMA_TRACE=1: backend.cu) per block of the tensor-core kernel,
+  // kTraceBlockWords u64 from index 4 + kTraceBlockWords (blockIdx.y * gridDim.x + blockIdx.x):
+  // %globaltimer at its start, after its token loop (all warps) and at its end, then smid | (did the
+  // in-kernel merge) << 32, then when each of its 4 warps left its own loop; [0], [1]: gridDim.x, gridDim.y
   unsigned long long* trace;
 #endif
 };
+
+// (trace builds) the u64 words of a block's record, and the blocks recorded (the first of the
+// grid): see AttnArgs::trace
+constexpr int kTraceBlockWords = 8;
+constexpr int64_t kTraceMaxBlocks = 1 << 16;
 
 // The workspace: kInKernelMergeSlots int32 counters first (at a fixed place, so that no call's
 // partials overwrite another call's counters), then the partials (16-byte aligned).
