@@ -39,7 +39,10 @@ def main():
         epim = [b[6] - b[5] for b in bl if b[3]]
         end = [b[6] for b in bl]
         # (records with the warps' loop ends) the spread of the warps' loop ends within each block
-        wsp = [max(b[7:]) - min(b[7:]) for b in bl if len(b) > 7 and min(b[7:]) > 0]
+        wsp = [max(b[7:11]) - min(b[7:11]) for b in bl if len(b) > 10 and min(b[7:11]) > 0]
+        # (and thread 0's epilogue: loop end -> stores issued -> arrival's atomic returned)
+        sto = [b[11] - b[5] for b in bl if len(b) > 11 and b[11] > 0]
+        arr = [b[12] - b[11] for b in bl if len(b) > 12 and b[12] > 0 and b[11] > 0]
         span = max(end)
         sms = {}
         for b in bl:
@@ -62,6 +65,8 @@ def main():
         print(f"  after the loop: {five(epi)} (no merge), {five(epim)} ({len(epim)} merging blocks)")
         if wsp:
             print(f"  warps' loop ends within a block, last - first: {five(wsp)}")
+        if sto:
+            print(f"  loop end -> partial stores issued: {five(sto)}; -> arrival's atomic back: {five(arr)}")
         print(f"  SMs' last block end {five(sm_last)}; running blocks per tenth: {act}; "
               f"slot-time used {busy * 100:.0f} %")
 

@@ -75,7 +75,8 @@ Status error(StatusCode c, std::string msg) { return make_status(c, std::move(ms
 // block when it started, ended its token loop and ended (AttnArgs::trace). With QSDPA_TRACE_FILE
 // set, calls QSDPA_TRACE_SKIP, +2, +4 ... (QSDPA_TRACE_CALLS of them) are waited for and appended to
 // that file as one JSON line each: {"call", "gx", "gy", "blocks": [[x, y, sm, merged, start, loop
-// end, end, warp 0's loop end, ... warp 3's] ...]} with the times in ns from the earliest start. Every other call only, so that each
+// end, end, warp 0's loop end, ... warp 3's, stores issued, arrival] ...]} with the times in ns
+// from the earliest start (0: not recorded). Every other call only, so that each
 // traced call runs behind an untraced one, as calls do back to back.
 constexpr int64_t kTraceBlocks = cuda::kTraceMaxBlocks;
 constexpr size_t kTraceWords = 4 + cuda::kTraceBlockWords * size_t(kTraceBlocks);  // (a header, then the blocks)

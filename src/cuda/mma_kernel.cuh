@@ -362,6 +362,10 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
       before = atomicAdd(a.counters + blockIdx.x, 1);
     *last = before == S - 1;
     if (before == S - 1) a.counters[blockIdx.x] = 0;  // (all splits arrived: zero for the next call)
+#if QSDPA_MMA_TRACE
+    if (const uint64_t blk = uint64_t(blockIdx.y) * gridDim.x + blockIdx.x; a.trace && blk < uint64_t(kTraceMaxBlocks))
+      a.trace[4 + kTraceBlockWords * blk + 4 + kWarps + 1] = global_ns();  // (its atomic returned)
+#endif
   }
   __syncthreads();
   if (!*last) return;
@@ -1156,7 +1160,7 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
 
   // ---- merge the warps into one partial per row ----------------------------------------------
 #if QSDPA_MMA_TRACE
-  static_assert(4 + kWarps <= kTraceBlockWords, "a word per warp");
+  static_assert(4 + kWarps + 2 <= kTraceBlockWords, "a word per warp, the stores, the arrival");
   if (const uint64_t blk = uint64_t(blockIdx.y) * gridDim.x + blockIdx.x;
       lane == 0 && a.trace && blk < uint64_t(kTraceMaxBlocks))  // (when this warp left its loop)
     a.trace[4 + kTraceBlockWords * blk + 4 + warp] = global_ns();
@@ -1230,6 +1234,10 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
       a.part_l[prow] = l;
     }
   }
+#if QSDPA_MMA_TRACE
+  if (const uint64_t blk = uint64_t(blockIdx.y) * gridDim.x + blockIdx.x; tid == 0 && a.trace && blk < uint64_t(kTraceMaxBlocks))
+    a.trace[4 + kTraceBlockWords * blk + 4 + kWarps] = global_ns();  // (thread 0 issued its stores)
+#endif
   if (kCl) cluster_combine<D, kRT>(a, qc, qc + kRT, qf, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
   // (its scratch space: the warps' states, free once every thread has passed its first barrier)
   else if (a.counters) merge_if_last<kRT>(a, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);

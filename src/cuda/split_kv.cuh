@@ -98,14 +98,16 @@ struct AttnArgs {
   // (trace builds, -DQSDPA_MMA_TRACE=1: backend.cu) per block of the tensor-core kernel,
   // kTraceBlockWords u64 from index 4 + kTraceBlockWords (blockIdx.y * gridDim.x + blockIdx.x):
   // %globaltimer at its start, after its token loop (all warps) and at its end, then smid | (did the
-  // in-kernel merge) << 32, then when each of its 4 warps left its own loop; [0], [1]: gridDim.x, gridDim.y
+  // in-kernel merge) << 32, then when each of its 4 warps left its own loop, then (thread 0) when
+  // it had issued its partial stores and when its arrival's atomic returned (0: no in-kernel
+  // merge); [0], [1]: gridDim.x, gridDim.y
   unsigned long long* trace;
 #endif
 };
 
 // (trace builds) the u64 words of a block's record, and the blocks recorded (the first of the
 // grid): see AttnArgs::trace
-constexpr int kTraceBlockWords = 8;
+constexpr int kTraceBlockWords = 10;
 constexpr int64_t kTraceMaxBlocks = 1 << 16;
 
 // The workspace: kInKernelMergeSlots int32 counters first (at a fixed place, so that no call's
