@@ -78,8 +78,7 @@ Status error(StatusCode c, std::string msg) { return make_status(c, std::move(ms
 // end, end, warp 0's loop end, ... warp 3's, stores issued, arrival] ...]} with the times in ns
 // from the earliest start (0: not recorded). Every other call only, so that each
 // traced call runs behind an untraced one, as calls do back to back.
-constexpr int64_t kTraceBlocks = cuda::kTraceMaxBlocks;
-constexpr size_t kTraceWords = 4 + cuda::kTraceBlockWords * size_t(kTraceBlocks);  // (a header, then the blocks)
+constexpr size_t kTraceWords = 4 + cuda::kTraceBlockWords * size_t(cuda::kTraceMaxBlocks);  // (a header, then the blocks)
 struct Trace {
   unsigned long long* buf = nullptr;
   long calls = 0;
@@ -107,16 +106,17 @@ void trace_dump(const AttnArgs& a, cudaStream_t s) {
   if (cudaStreamSynchronize(s) != cudaSuccess ||
       cudaMemcpy(h.data(), a.trace, h.size() * 8, cudaMemcpyDeviceToHost) != cudaSuccess)
     return;
-  const int64_t gx = int64_t(h[0]), gy = int64_t(h[1]), nb = std::min<int64_t>(gx * gy, kTraceBlocks);
+  const int64_t gx = int64_t(h[0]), gy = int64_t(h[1]), nb = std::min<int64_t>(gx * gy, cuda::kTraceMaxBlocks);
+  const auto record = [&](int64_t i) { return &h[size_t(4 + cuda::kTraceBlockWords * i)]; };
   unsigned long long t0 = ~0ull;
   for (int64_t i = 0; i < nb; ++i)
-    if (h[size_t(4 + cuda::kTraceBlockWords * i)]) t0 = std::min(t0, h[size_t(4 + cuda::kTraceBlockWords * i)]);
+    if (record(i)[0]) t0 = std::min(t0, record(i)[0]);
   FILE* f = std::fopen(path, "a");
   if (!f) return;
   std::fprintf(f, "{\"call\": %ld, \"gx\": %lld, \"gy\": %lld, \"blocks\": [", call, (long long)gx, (long long)gy);
   bool first = true;
   for (int64_t i = 0; i < nb; ++i) {
-    const unsigned long long* e = &h[size_t(4 + cuda::kTraceBlockWords * i)];
+    const unsigned long long* e = record(i);
     if (!e[0]) continue;  // (a split without tokens records nothing)
     std::fprintf(f, "%s[%lld, %lld, %llu, %llu, %llu, %llu, %llu", first ? "" : ", ", (long long)(i % gx),
                  (long long)(i / gx), e[3] & 0xffffffffull, e[3] >> 32, e[0] - t0, e[1] - t0, e[2] - t0);

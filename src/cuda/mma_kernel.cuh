@@ -305,14 +305,21 @@ __device__ __forceinline__ unsigned long long global_ns() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-// (trace builds) this block's record: see AttnArgs::trace
+// (trace builds) this block's record (see AttnArgs::trace), or null: no trace, or a block past
+// kTraceMaxBlocks. Words from kTraceWarp0: when warp w left its loop (kTraceWarp0 + w), when
+// thread 0 had issued its partial stores (kTraceStores), when its arrival returned (kTraceArrival).
+constexpr int kTraceWarp0 = 4, kTraceStores = kTraceWarp0 + kWarps, kTraceArrival = kTraceStores + 1;
+static_assert(kTraceArrival < kTraceBlockWords, "a word per warp, the stores, the arrival");
+__device__ __forceinline__ unsigned long long* trace_record(const AttnArgs& a) {
+  const uint64_t blk = uint64_t(blockIdx.y) * gridDim.x + blockIdx.x;
+  return a.trace && blk < uint64_t(kTraceMaxBlocks) ? a.trace + 4 + kTraceBlockWords * blk : nullptr;
+}
 inline __device__ __noinline__ void trace_block(const AttnArgs& a, unsigned long long t0, unsigned long long t1, bool merged) {
   unsigned smid;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
   const unsigned long long t2 = global_ns();
-  const uint64_t blk = uint64_t(blockIdx.y) * gridDim.x + blockIdx.x;
-  if (blk >= uint64_t(kTraceMaxBlocks)) return;
-  unsigned long long* e = a.trace + 4 + kTraceBlockWords * blk;
+  unsigned long long* e = trace_record(a);
+  if (!e) return;
   e[0] = t0, e[1] = t1, e[2] = t2, e[3] = smid | (uint64_t(merged) << 32);
   if (blockIdx.x == 0 && blockIdx.y == 0) a.trace[0] = gridDim.x, a.trace[1] = gridDim.y;
 }
@@ -363,8 +370,7 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
     *last = before == S - 1;
     if (before == S - 1) a.counters[blockIdx.x] = 0;  // (all splits arrived: zero for the next call)
 #if QSDPA_MMA_TRACE
-    if (const uint64_t blk = uint64_t(blockIdx.y) * gridDim.x + blockIdx.x; a.trace && blk < uint64_t(kTraceMaxBlocks))
-      a.trace[4 + kTraceBlockWords * blk + 4 + kWarps + 1] = global_ns();  // (its atomic returned)
+    if (unsigned long long* e = trace_record(a)) e[kTraceArrival] = global_ns();  // (its atomic returned)
 #endif
   }
   __syncthreads();
@@ -1160,10 +1166,7 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
 
   // ---- merge the warps into one partial per row ----------------------------------------------
 #if QSDPA_MMA_TRACE
-  static_assert(4 + kWarps + 2 <= kTraceBlockWords, "a word per warp, the stores, the arrival");
-  if (const uint64_t blk = uint64_t(blockIdx.y) * gridDim.x + blockIdx.x;
-      lane == 0 && a.trace && blk < uint64_t(kTraceMaxBlocks))  // (when this warp left its loop)
-    a.trace[4 + kTraceBlockWords * blk + 4 + warp] = global_ns();
+  if (unsigned long long* e = trace_record(a); e && lane == 0) e[kTraceWarp0 + warp] = global_ns();  // (this warp's loop)
 #endif
   cp_wait<0>();
   __syncthreads();
@@ -1235,8 +1238,7 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
     }
   }
 #if QSDPA_MMA_TRACE
-  if (const uint64_t blk = uint64_t(blockIdx.y) * gridDim.x + blockIdx.x; tid == 0 && a.trace && blk < uint64_t(kTraceMaxBlocks))
-    a.trace[4 + kTraceBlockWords * blk + 4 + kWarps] = global_ns();  // (thread 0 issued its stores)
+  if (unsigned long long* e = trace_record(a); e && tid == 0) e[kTraceStores] = global_ns();  // (its stores issued)
 #endif
   if (kCl) cluster_combine<D, kRT>(a, qc, qc + kRT, qf, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
   // (its scratch space: the warps' states, free once every thread has passed its first barrier)
