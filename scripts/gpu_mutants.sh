@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Do the GPU tests of the in-kernel merge fail when its code is wrong? Run on the GPU machine after
+# Do the GPU tests of the in-kernel merge (and of the launches as programmatic dependents) fail
+# when its code is wrong? Run on the GPU machine after
 # scripts/gpu_run.sh (it reuses that build folder): for each mutant below, plant the bug in the
 # source, rebuild the CUDA test programs, run the tests meant to catch it, and put the source back.
 # Every mutant must make at least one of its tests fail; a mutant that all pass is reported as
@@ -42,6 +43,7 @@ mutants=(
   'no-reset-g64|src/cuda/mma_kernel.cuh|s/^    if (before == S - 1) a.counters\[blockIdx.x\] = 0;.*$//|the same, in the group-64 instantiations only|test_cuda_runtime@'"$tests_rt"'|g64'
   'empty-silent|src/cuda/mma_kernel.cuh|s/^        merge_if_last_cold<kRT>(&a, reinterpret_cast<float\*>(smem), nrows, r0, b, kvh, rep, Lq);$/        ;/|a split without tokens no longer counts its arrival|'"$all_tests"'|all'
   'batch-drop-split|src/cuda/mma_kernel.cuh|s/wb\[e\]\[k\] = live \&\& k < S ? wm/wb[e][k] = live \&\& k + 1 < S ? wm/|the batch merge (two-n-tile kernels) leaves the last split out of the sum|test_cuda_runtime@'"$tests_rt"' test_cuda_serving@'"$tests_sv"'|g64'
+  'no-pdl-wait|src/cuda/mma_kernel.cuh|s/^  asm volatile("griddepcontrol.wait;\\n" ::: "memory");$//|the attention kernel, launched as a programmatic dependent, no longer waits for the previous kernel before it reads|test_cuda_runtime@CudaRuntime.ChainedCallsWaitForTheirInputs|g64'
   'zeroed-unasked|src/cuda/backend.cu|s/return in_kernel_merge(a, !p.workspace .. p.workspace_zeroed);/return in_kernel_merge(a, true);/|a caller'"'"'s workspace is taken as zero-filled without workspace_zeroed|test_cuda_runtime@'"$tests_rt"'|all'
 )
 # QSDPA_MUTANTS='name name': only these (default: all)

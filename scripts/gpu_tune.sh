@@ -7,7 +7,8 @@
 #   scripts/gpu_tune.sh bench OUTDIR ROUNDS 'name=...' ... [-- bench flags]
 #
 # `build` builds the variants in parallel, in build-tune-NAME (the variant named base is the main
-# build, QSDPA_GPU_BUILD, default build-gpu); `bench` writes OUTDIR/tune.jsonl
+# build, QSDPA_GPU_BUILD, default build-gpu; a variant 'name=:FLAGS' is the main build's program
+# run with the bench flags FLAGS, e.g. 'nopdl=:--no-pdl'); `bench` writes OUTDIR/tune.jsonl
 # (one bench record per shape, variant and round, with keys "variant" and "round" added) and
 # appends to OUTDIR/tune.log, ending with the median time of each shape and variant.
 # QSDPA_GPU_TUNE_EXTRA='flags;flags' adds custom shapes (e.g. '--B 8 --N 32768 --paged 64').
@@ -34,6 +35,7 @@ pids=()
 for v in "${variants[@]}"; do
   name="${v%%=*}" flags="${v#*=}"
   [ "$name" = base ] && continue  # the main build (QSDPA_GPU_BUILD, default build-gpu)
+  [ "${flags:0:1}" = : ] && continue  # the main build with other bench flags
   (
     cmake -S . -B "build-tune-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release -DQSDPA_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES=90a-real -DQSDPA_TEST_MLX=OFF -DQSDPA_PYTHON=OFF -DQSDPA_BUILD_TESTS=OFF \
@@ -56,17 +58,21 @@ for line in sys.stdin:
 }
 for r in $(seq 1 "$rounds"); do
   for v in "${variants[@]}"; do
-    name="${v%%=*}"
+    name="${v%%=*}" flags="${v#*=}" vflags=()
     cli="build-tune-$name/tools/qsdpa"
     [ "$name" = base ] && cli="${QSDPA_GPU_BUILD:-build-gpu}/tools/qsdpa"
+    if [ "${flags:0:1}" = : ]; then
+      cli="${QSDPA_GPU_BUILD:-build-gpu}/tools/qsdpa"
+      read -r -a vflags <<<"${flags:1}"
+    fi
     [ -x "$cli" ] || continue
-    "$cli" bench --backend cuda --no-torch --jsonl "${bench_flags[@]}" 2>>"$log" | tag "$name" "$r" >>"$out/tune.jsonl"
+    "$cli" bench --backend cuda --no-torch --jsonl "${vflags[@]}" "${bench_flags[@]}" 2>>"$log" | tag "$name" "$r" >>"$out/tune.jsonl"
     # further shapes (QSDPA_GPU_TUNE_EXTRA: bench flag sets separated by ';'), once per round
     IFS=';' read -r -a extra <<<"${QSDPA_GPU_TUNE_EXTRA:-}"
     for fl in "${extra[@]}"; do
       [ -n "${fl// /}" ] || continue
       # shellcheck disable=SC2086
-      "$cli" bench --backend cuda --no-torch --jsonl $fl 2>>"$log" | tag "$name" "$r" >>"$out/tune.jsonl"
+      "$cli" bench --backend cuda --no-torch --jsonl "${vflags[@]}" $fl 2>>"$log" | tag "$name" "$r" >>"$out/tune.jsonl"
     done
     echo "round $r variant $name: done" >>"$log"
   done
@@ -79,8 +85,11 @@ order = []
 for line in open(sys.argv[1]):
     r = json.loads(line)
     key = (r["B"], r["Hq"], r["Hkv"], r["Lq"], r["N"], r["D"], r.get("k_bits"), r.get("v_bits"), r.get("paged", 0))
-    if key not in order: order.append(key)
-    t[(key, r["variant"])].append(r["time_us"])
+    for what in ("time_us", "graph_time_us", "graph_chain_time_us"):  # (graphs: rows of their own)
+        if what not in r: continue
+        k = key + ({"time_us": (), "graph_time_us": ("graph",), "graph_chain_time_us": ("graph10",)}[what])
+        if k not in order: order.append(k)
+        t[(k, r["variant"])].append(r[what])
 variants = sorted({v for (_, v) in t}, key=lambda v: v)
 print("shape (B Hq Hkv Lq N D kbits vbits paged) | " + " | ".join(variants))
 for key in order:

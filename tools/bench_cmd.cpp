@@ -30,10 +30,11 @@ Shape make_shape(int64_t B, int64_t Hq, int64_t Hkv, int64_t Lq, int64_t N, int6
 }
 
 // The CUDA sweep: decode shapes from serving (batched, long-context, many short sequences, one
-// short sequence where launch overhead shows), the large head dims, 2-bit, and Lq = 4.
+// short sequence where launch overhead shows; the first and that one also as CUDA-graph replay),
+// the large head dims, 2-bit, and Lq = 4.
 std::vector<BenchShape> cuda_shapes() {
   std::vector<BenchShape> v;
-  for (int bits : {4, 8}) v.push_back({make_shape(8, 32, 8, 1, 32768, 128, bits)});
+  for (int bits : {4, 8}) v.push_back({make_shape(8, 32, 8, 1, 32768, 128, bits), true});
   for (int bits : {4, 8}) v.push_back({make_shape(1, 32, 8, 1, 131072, 128, bits)});
   for (int bits : {4, 8}) v.push_back({make_shape(32, 32, 8, 1, 4096, 128, bits)});
   for (int bits : {4, 8}) v.push_back({make_shape(1, 32, 8, 1, 4096, 128, bits), true});
@@ -70,6 +71,7 @@ Status bench_one(const BenchOptions& o, Backend backend, const BenchShape& bs, d
   const int64_t rotation = backend == Backend::reference ? 0 : (backend == Backend::cuda ? 5 : 4) * last_level_cache_bytes(backend);
   std::unique_ptr<Runner> runner;
   if (Status st = Runner::create(pr, backend, o.threads, rotation, &runner); !st) return st;
+  runner->set_pdl(o.pdl);
 
   TimeOptions to;
   to.iters = o.iters;
@@ -91,11 +93,17 @@ Status bench_one(const BenchOptions& o, Backend backend, const BenchShape& bs, d
   r["frac_copy"] = gbps / copy_gbps;
 
   if (bs.graph && backend == Backend::cuda) {
-    double g = 0;
-    if (Status st = runner->time_graph(10, std::max(50, o.iters), &g); st)
-      r["graph_time_us"] = g;
-    else
+    // One call per graph, and a graph of kChain calls one after another (as a decode step's graph
+    // holds one call per layer): between the calls of one graph the launch latency can hide behind
+    // the previous call (with pdl), between graphs it cannot.
+    constexpr int kChain = 10;
+    double g = 0, gc = 0;
+    if (Status st = runner->time_graph(10, std::max(50, o.iters), 1, &g); !st)
       r["graph_error"] = st.message;
+    else if (st = runner->time_graph(2, std::max(5, o.iters / kChain), kChain, &gc); !st)
+      r["graph_error"] = st.message;
+    if (g > 0) r["graph_time_us"] = g;
+    if (gc > 0) r["graph_chain_time_us"] = gc, r["graph_chain_calls"] = kChain;
   }
   std::vector<uint8_t> out;
   if (Status st = runner->output(&out); !st) return st;
@@ -108,7 +116,8 @@ Status bench_one(const BenchOptions& o, Backend backend, const BenchShape& bs, d
   return Status{};
 }
 
-json base_record(const std::string& device, const std::string& date, Backend backend, const Shape& s, int threads) {
+json base_record(const std::string& device, const std::string& date, Backend backend, const Shape& s, int threads,
+                 bool pdl) {
   json r;
   r["device"] = device;
   r["date"] = date;
@@ -125,6 +134,7 @@ json base_record(const std::string& device, const std::string& date, Backend bac
   if (s.float_mask) r["float_mask"] = true;
   if (s.scale > 0) r["scale"] = s.scale;
   if (backend == Backend::cpu) r["threads"] = threads;
+  if (backend == Backend::cuda) r["pdl"] = pdl;
   return r;
 }
 
@@ -166,7 +176,10 @@ Status bench_command(const BenchOptions& o) {
   if (backend == Backend::cuda)
     info << "timing: CUDA events, median of " << (o.iters > 0 ? o.iters : 100)
          << " calls after 10 warm-up; inputs rotated over copies reading >= 5x the "
-         << human_mib(double(last_level_cache_bytes(backend))) << " L2 per rotation\n";
+         << human_mib(double(last_level_cache_bytes(backend))) << " L2 per rotation"
+         << (o.pdl ? "; programmatic dependent launch on" : "; programmatic dependent launch off (--no-pdl)")
+         << "\ngraph_us: one call per CUDA graph, graphs replayed back to back; graph10_us: per call, in graphs of 10 "
+            "calls in a row\n";
   else
     info << "timing: steady_clock, median of "
          << (o.iters > 0 ? std::to_string(o.iters) + " calls" : "5 to 50 calls (about 1.5 s of them; the count is in 'calls')")
@@ -178,8 +191,8 @@ Status bench_command(const BenchOptions& o) {
   for (const auto& bs : shapes) w = std::max(w, bs.s.describe().size());
   char line[512];
   if (table) {
-    std::snprintf(line, sizeof line, "%-*s %11s %6s %10s %9s %7s %10s %9s", int(w), "shape", "time_us", "calls",
-                  "MB/call", "GB/s", "of copy", "graph_us", "err");
+    std::snprintf(line, sizeof line, "%-*s %11s %6s %10s %9s %7s %10s %10s %9s", int(w), "shape", "time_us", "calls",
+                  "MB/call", "GB/s", "of copy", "graph_us", "graph10_us", "err");
     std::cout << line << "\n";
   }
 
@@ -188,7 +201,7 @@ Status bench_command(const BenchOptions& o) {
   std::string first_error;
   for (size_t i = 0; i < shapes.size(); ++i) {
     const BenchShape& bs = shapes[i];
-    json r = base_record(device, date, backend, bs.s, threads);
+    json r = base_record(device, date, backend, bs.s, threads, o.pdl);
     if (!table) std::cerr << "[" << i + 1 << "/" << shapes.size() << "] " << bs.s.describe() << std::flush;
     const Status st = bench_one(o, backend, bs, copy_gbps, r);
     if (!st) {
@@ -196,11 +209,11 @@ Status bench_command(const BenchOptions& o) {
       if (failures++ == 0) first_error = st.message;
     }
     if (table) {
-      std::snprintf(line, sizeof line, "%-*s %11s %6s %10s %9s %7s %10s %9s", int(w), bs.s.describe().c_str(),
+      std::snprintf(line, sizeof line, "%-*s %11s %6s %10s %9s %7s %10s %10s %9s", int(w), bs.s.describe().c_str(),
                     cell(r, "time_us", "%.2f").c_str(), cell(r, "iters", "%.0f").c_str(),
                     cell(r, "bytes", "%.2f", 1e-6).c_str(), cell(r, "gbps", "%.1f").c_str(),
                     cell(r, "frac_copy", "%.1f%%", 100.0).c_str(), cell(r, "graph_time_us", "%.2f").c_str(),
-                    cell(r, "err_vs_reference", "%.1e").c_str());
+                    cell(r, "graph_chain_time_us", "%.2f").c_str(), cell(r, "err_vs_reference", "%.1e").c_str());
       std::cout << line;
       if (!st) std::cout << "  error: " << st.message;
       if (r.contains("graph_error")) std::cout << "  graph: " << r["graph_error"].get<std::string>();

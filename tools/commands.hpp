@@ -23,6 +23,7 @@ struct BenchOptions {
   bool custom_shape = false;  // a shape flag was given: run only `shape`
   Shape shape;
   bool graph = false;  // also time `shape` as CUDA-graph replay
+  bool pdl = true;     // AttentionParams::pdl of the timed calls (--no-pdl: false)
   int threads = 0;
   int iters = 0;
   uint64_t seed = 1;

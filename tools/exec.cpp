@@ -258,7 +258,11 @@ Status Runner::time(const TimeOptions& o, Timing* t) {
 #endif
 }
 
-Status Runner::time_graph(int warmup, int iters, double* median_us) {
+void Runner::set_pdl(bool on) {
+  for (auto& p : params_) p.pdl = on;
+}
+
+Status Runner::time_graph(int warmup, int iters, int chain, double* median_us) {
 #ifdef QSDPA_WITH_CUDA
   if (backend_ != Backend::cuda) return error(StatusCode::invalid_argument, "graph timing needs the cuda backend");
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_);
@@ -270,14 +274,19 @@ Status Runner::time_graph(int warmup, int iters, double* median_us) {
   }
   std::vector<cudaGraphExec_t> execs;
   Status result;
-  for (size_t c = 0; c < params_.size() && result; ++c) {
-    qsdpa::AttentionParams p = params_[c];
-    p.workspace = workspace_;
-    p.workspace_bytes = ws;
-    p.workspace_zeroed = true;
+  chain = std::max(1, chain);
+  const size_t n = params_.size();
+  for (size_t c = 0; c < n && result; ++c) {
     result = cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
     if (!result) break;
-    Status st = qsdpa::attention(p);
+    Status st;
+    for (int j = 0; j < chain && st; ++j) {  // graph c: the calls on copies c, c + 1, ... (mod n)
+      qsdpa::AttentionParams p = params_[(c + size_t(j)) % n];
+      p.workspace = workspace_;
+      p.workspace_bytes = ws;
+      p.workspace_zeroed = true;
+      st = qsdpa::attention(p);
+    }
     cudaGraph_t graph = nullptr;
     result = cuda_check(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
     if (!st) result = error(st.code, "during CUDA graph capture: " + st.message);
@@ -317,7 +326,7 @@ Status Runner::time_graph(int warmup, int iters, double* median_us) {
   for (int b = 0; b < batches && result; ++b) {
     float ms = 0;
     result = cuda_check(cudaEventElapsedTime(&ms, ev[size_t(2 * b)], ev[size_t(2 * b + 1)]), "cudaEventElapsedTime");
-    us.push_back(double(ms) * 1e3 / kBatch);
+    us.push_back(double(ms) * 1e3 / (kBatch * chain));
   }
   for (auto& e : ev)
     if (e) cudaEventDestroy(e);
@@ -325,7 +334,7 @@ Status Runner::time_graph(int warmup, int iters, double* median_us) {
   if (result) *median_us = median(us);
   return result;
 #else
-  (void)warmup, (void)iters, (void)median_us;
+  (void)warmup, (void)iters, (void)chain, (void)median_us;
   return error(StatusCode::not_built, "CUDA graphs need the cuda backend, which is not built into this program");
 #endif
 }

@@ -42,9 +42,12 @@ class Runner {
 
   Status call(int copy);  // one attention call on copy `copy` (asynchronous on CUDA)
   Status time(const TimeOptions& o, Timing* t);
-  // CUDA only: each copy's call captured (with a caller workspace) into a CUDA graph, the graphs
-  // replayed in rotation; the median time of one replay.
-  Status time_graph(int warmup, int iters, double* median_us);
+  // CUDA only: `chain` consecutive calls (on copies c, c + 1, ...; a caller workspace) captured
+  // into one CUDA graph for each copy c, as a decode step's graph holds one call per layer, the
+  // graphs replayed in rotation; the median time of one call (a replay's time / chain).
+  Status time_graph(int warmup, int iters, int chain, double* median_us);
+  // AttentionParams::pdl of every copy's call (default true).
+  void set_pdl(bool on);
   // The output of copy 0 on the host ([B, Hq, Lq, D] T).
   Status output(std::vector<uint8_t>* out);
 

@@ -143,8 +143,9 @@ int real_main(int argc, char** argv) {
   bench->add_flag("--json", bo.json, "print the results as a JSON array, one record per shape");
   bench->add_flag("--jsonl", bo.jsonl, "print the results as JSON lines, one record per shape");
   bench->add_option("--out", bo.out, "also write the JSON (array, or lines with --jsonl) to this file");
-  bool no_torch = false;
+  bool no_torch = false, no_pdl = false;
   bench->add_flag("--no-torch", no_torch, "skip the PyTorch comparison");
+  bench->add_flag("--no-pdl", no_pdl, "cuda: launch without programmatic dependent launch (AttentionParams::pdl false)");
   bench->add_option("--torch-script", bo.torch_script, "the PyTorch timing script (default: bench/torch_sdpa.py)");
 
   bool info_json = false;
@@ -173,6 +174,7 @@ int real_main(int argc, char** argv) {
     for (CLI::Option* o : bf.shape_opts)
       if (o->count() > 0) bo.custom_shape = true;
     bo.torch = !no_torch;
+    bo.pdl = !no_pdl;
     if (Status st = bench_command(bo); !st) return fail(st);
     return 0;
   }

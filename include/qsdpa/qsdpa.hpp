@@ -213,6 +213,13 @@ struct AttentionParams {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   bool workspace_zeroed = false;
+  // CUDA, compute capability 9.0 and newer: launch the kernels as programmatic dependents of the
+  // stream's previous work (programmatic dependent launch). Their blocks may then be placed on
+  // the multiprocessors while the preceding kernel finishes, and wait (griddepcontrol.wait)
+  // until it has completed and its writes are visible before they read or write any memory: the
+  // order of the stream is kept, only the launch latency between kernels is hidden. Kernels
+  // captured into a CUDA graph keep it as a programmatic edge. false: ordinary launches.
+  bool pdl = true;
 };
 Status attention(const AttentionParams& p);
 

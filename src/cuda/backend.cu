@@ -271,6 +271,7 @@ AttnArgs make_args(const AttentionParams& p) {
   a.mmap = resolve_strides(p.mask_strides, p.Hq, p.Lq, p.N);
   a.kv_lens = p.kv_lens;
   a.q_lens = p.q_lens;
+  a.pdl = p.pdl ? 1 : 0;  // (run_attention clears it on devices older than compute capability 9.0)
   a.plan_b = p.B;
   if (p.kv_lens && p.kv_lens_host && p.N > 0) {
     int64_t total = 0;
@@ -621,6 +622,7 @@ Status run_attention(const AttentionParams& p, bool allow_mma) {
   DeviceFacts f;
   if (Status s = device_facts(dev, &f); !s) return s;
   AttnArgs a = make_args(p);
+  a.pdl = a.pdl && f.cc_major >= 9;
   const Plan plan = make_plan(a, f, allow_mma);
   if (!plan.use_mma && int64_t(a.num_splits) * a.B * a.Hkv * cuda::generic_row_tiles(a) > INT32_MAX)
     return error(StatusCode::unsupported,

@@ -33,8 +33,10 @@ template <int W>
 __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Launched as a programmatic dependent of the attention kernel (combine_launch): wait for it to
-  // finish and its partials to be visible. (A no-op when launched the ordinary way.)
+  // finish and its partials to be visible. (A no-op when launched the ordinary way.) Then the
+  // next kernel of the stream may be placed: it waits in its turn before it touches memory.
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
   constexpr int kLanes = W == 8 ? 32 : W == 4 ? 128 : 1;  // lanes of a group at most (groups 1..)
   __shared__ float4 red_o[W][kLanes];        // groups 1.. : their sums
@@ -192,7 +194,7 @@ cudaError_t combine_launch(const AttnArgs& a, cudaStream_t s) {
     if (major >= 9) pdl.fetch_or(bit, std::memory_order_acq_rel);
     opted.fetch_or(bit, std::memory_order_acq_rel);
   }
-  if (pdl.load(std::memory_order_acquire) & bit) {
+  if (a.pdl && (pdl.load(std::memory_order_acquire) & bit)) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(unsigned(blocks), 1u, 1u);
     cfg.blockDim = dim3(unsigned(threads), 1u, 1u);

@@ -528,6 +528,42 @@ __device__ __noinline__ void merge_if_last_cold(const AttnArgs* a, float* scratc
   merge_if_last<RT>(*a, scratch, nrows, r0, b, kvh, rep, Lq);
 }
 
+// -DQSDPA_MMA_PDL_PREFETCH=1 (a tuning knob): launched as a programmatic dependent (a.pdl) on a
+// contiguous cache without per-sequence lengths, each warp asks L2 for the lines of its first
+// STAGES tiles (K and V rows, the four scale / bias spans) before griddepcontrol.wait, while the
+// stream's previous kernel may still run, so that its first copies hit L2. A prefetch reads nothing
+// into the kernel, and L2 is where every multiprocessor's writes land: a line fetched before the
+// previous kernel writes it is updated by that write, never stale.
+#ifndef QSDPA_MMA_PDL_PREFETCH
+#define QSDPA_MMA_PDL_PREFETCH 0
+#endif
+template <int KRB, int VRB, int D, int RT, int TG, int STAGES>
+__device__ __forceinline__ void prefetch_first_tiles(const AttnArgs& a) {
+  const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
+  const int R = int(a.Hq / a.Hkv * a.Lq), row_tiles = (R + RT - 1) / RT;
+  const int64_t bh = int64_t(blockIdx.x) / row_tiles, b = bh / a.Hkv, kvh = bh - b * a.Hkv;
+  int64_t tb = a.t_begin + int64_t(blockIdx.y) * a.chunk;  // (as the kernel finds its tokens)
+  const int64_t te = a.N < tb + a.chunk ? a.N : tb + a.chunk;
+  if (a.window > 0) {
+    const int64_t lo = a.N - a.Lq - a.window + 1;
+    if (lo > tb) tb += (lo - tb) / kTileTokens * kTileTokens;
+  }
+  const int sk = D / a.k_group * 2, sv = D / a.v_group * 2;  // scale bytes of a row
+  for (int it = 0; it < STAGES; ++it) {
+    const int64_t t = tb + (int64_t(warp) + int64_t(it) * TG) * kTileTokens;
+    if (t >= te) break;
+    const int rows = int(te - t < kTileTokens ? te - t : kTileTokens);
+    const int64_t kr = b * a.kmap.batch_stride + kvh * a.kmap.head_stride + t;
+    const int64_t vr = b * a.vmap.batch_stride + kvh * a.vmap.head_stride + t;
+    prefetch_l2_span(reinterpret_cast<const uint8_t*>(a.k_packed) + kr * KRB, rows * KRB, lane);
+    prefetch_l2_span(reinterpret_cast<const uint8_t*>(a.v_packed) + vr * VRB, rows * VRB, lane);
+    prefetch_l2_span(static_cast<const uint8_t*>(a.k_scales) + kr * sk, rows * sk, lane);
+    prefetch_l2_span(static_cast<const uint8_t*>(a.k_biases) + kr * sk, rows * sk, lane);
+    prefetch_l2_span(static_cast<const uint8_t*>(a.v_scales) + vr * sv, rows * sv, lane);
+    prefetch_l2_span(static_cast<const uint8_t*>(a.v_biases) + vr * sv, rows * sv, lane);
+  }
+}
+
 // KDEN: f16 keys as subnormal codes, else as magic-number codes (ignored for bf16). LAYOUT: kContig,
 // kPaged, kPaged16, kAny, kContigCluster or kContigWide (above). GC: the group size, or 0 for
 // a.k_group (above).
@@ -550,8 +586,17 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
   static_assert(16 + kRT * kInKernelMergeMaxSplits * 8 + kRT * 8 <= S::kMain, "the in-kernel merge's scratch fits");
   extern __shared__ __align__(16) uint8_t smem[];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // The combine kernel may be placed now (it is launched as a programmatic dependent and waits for
-  // this grid's end before it reads a partial): this changes when it is scheduled, not what it reads.
+#if QSDPA_MMA_PDL_PREFETCH
+  if constexpr ((LAYOUT == kContig || LAYOUT == kContigCluster) && S::kDS == 1)
+    if (a.pdl && !a.kv_lens && !a.q_lens) prefetch_first_tiles<S::kRBG, S::kRBGV, D, S::kRT, S::kTG, STAGES>(a);
+#endif
+  // Launched as a programmatic dependent (AttnArgs::pdl), the block may be placed while the
+  // stream's previous kernel still runs: nothing here reads or writes memory before that kernel
+  // has completed and its writes are visible. (A no-op after an ordinary launch.)
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  // The next kernel (the combine, or the next call) may be placed now: it waits in its turn for
+  // this grid's end before it touches memory, so this changes when it is scheduled, not what it
+  // reads.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 #if QSDPA_MMA_TRACE
@@ -1248,21 +1293,31 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
 #endif
 }
 
-// A launch of `kern`'s blocks (dynamic shared memory smem) in clusters of `splits` along y; `attr`
-// holds the cluster attribute the config points to.
-inline cudaLaunchConfig_t cluster_config(dim3 grid, int smem, cudaStream_t stream, int splits,
-                                         cudaLaunchAttribute (&attr)[1]) {
+// A launch of `kern`'s blocks (dynamic shared memory smem): in clusters of `splits` along y when
+// splits > 0, as a programmatic dependent of the stream's previous work when pdl; `attr` holds
+// the attributes the config points to.
+inline cudaLaunchConfig_t launch_config(dim3 grid, int smem, cudaStream_t stream, int splits, bool pdl,
+                                        cudaLaunchAttribute (&attr)[2]) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(kWarps * 32, 1u, 1u);
   cfg.dynamicSmemBytes = size_t(smem);
   cfg.stream = stream;
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = unsigned(splits);
-  attr[0].val.clusterDim.z = 1;
+  unsigned n = 0;
+  if (splits > 0) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = 1;
+    attr[n].val.clusterDim.y = unsigned(splits);
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = n;
   return cfg;
 }
 
@@ -1291,9 +1346,11 @@ cudaError_t launch(const AttnArgs& a, cudaStream_t stream) {
   const int64_t R = a.Hq / a.Hkv * a.Lq, row_tiles = (R + S::kRT - 1) / S::kRT;
   if (a.B * a.Hkv * row_tiles > int64_t(INT32_MAX)) return cudaErrorInvalidValue;
   const dim3 grid(unsigned(a.B * a.Hkv * row_tiles), unsigned(a.num_splits), 1u);
-  if (LAYOUT == kContigCluster) {  // the splits of a row tile as one cluster (cluster_fits: resident)
-    cudaLaunchAttribute attr[1];
-    const cudaLaunchConfig_t cfg = cluster_config(grid, S::kSmem, stream, a.num_splits, attr);
+  // (clusters: the splits of a row tile as one cluster, cluster_fits says they are resident)
+  const int cluster = LAYOUT == kContigCluster ? a.num_splits : 0;
+  if (cluster > 0 || a.pdl) {
+    cudaLaunchAttribute attr[2];
+    const cudaLaunchConfig_t cfg = launch_config(grid, S::kSmem, stream, cluster, a.pdl != 0, attr);
     return cudaLaunchKernelEx(&cfg, kern, a);
   }
   kern<<<grid, kWarps * 32, S::kSmem, stream>>>(a);
@@ -1312,8 +1369,8 @@ int cluster_fits(int splits) {
     cudaGetLastError();
     return 0;
   }
-  cudaLaunchAttribute attr[1];
-  const cudaLaunchConfig_t cfg = cluster_config(dim3(1u, unsigned(splits), 1u), S::kSmem, nullptr, splits, attr);
+  cudaLaunchAttribute attr[2];
+  const cudaLaunchConfig_t cfg = launch_config(dim3(1u, unsigned(splits), 1u), S::kSmem, nullptr, splits, false, attr);
   int n = 0;
   if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess) {
     cudaGetLastError();

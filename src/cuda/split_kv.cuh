@@ -87,6 +87,9 @@ struct AttnArgs {
   // 1: the device runs sm_90a code (compute capability 9.0): the tensor-core kernel may take its
   // instantiations with a constant group size (attention_mma.cu, fixed_group).
   int sm90a;
+  // 1: launch as a programmatic dependent (AttentionParams::pdl on a device of compute capability
+  // 9.0 or newer); the kernels wait in griddepcontrol.wait before touching memory either way.
+  int pdl;
   int64_t plan_b;  // (host only) sequences the split planner assumes: B, or the batch's tokens / N
   // Non-null: the tensor-core kernel merges the splits itself. Each block counts its arrival in
   // counters[blockIdx.x] once its partials are written; the last of a row tile's splits merges

@@ -268,6 +268,104 @@ TEST(CudaRuntime, ZeroedCallerWorkspaceAndGraphReplays) {
   EXPECT_EQ(check(h.out.data()), "");
 }
 
+namespace {
+
+struct RestoreClusterMerge {
+  bool was = cuda::set_cluster_merge(true);
+  ~RestoreClusterMerge() { cuda::set_cluster_merge(was); }
+};
+
+// Calls one after another on one stream, each reading as its q the out of the call before it.
+// Checks each call against the reference on the input it really had (the previous call's output,
+// fetched): "" or what went wrong.
+std::string check_chain(test::Problem& h, const std::vector<std::vector<uint8_t>>& outs) {
+  for (size_t i = 0; i < outs.size(); ++i) {
+    AttentionParams r = h.params(Backend::reference);
+    if (i > 0) r.q = outs[i - 1].data();
+    if (std::string e = test::ReferenceCheck(r)(outs[i].data()); !e.empty())
+      return "call " + std::to_string(i) + " of the chain: " + e;
+  }
+  return "";
+}
+
+}  // namespace
+
+// Launched as programmatic dependents (AttentionParams::pdl, the default), a call's blocks may be
+// placed while the call before it still runs; they must not read q, nor use the shared workspace,
+// before it has finished. A chain of calls with nothing between them, each reading the previous
+// call's out as its q (poisoned, NaN, until written), on every merge path (clusters, in the
+// kernel, the combine kernel), directly and replayed from a graph; and the same with pdl false.
+TEST(CudaRuntime, ChainedCallsWaitForTheirInputs) {
+  QSDPA_REQUIRE_CUDA();
+  const RestoreInKernelMerge restore_in_kernel;
+  const RestoreClusterMerge restore_cluster;
+  constexpr int kCalls = 3;
+  Stream st;
+  struct Path {
+    const char* name;
+    int64_t B;
+    bool cluster, in_kernel;
+  };
+  for (const Path& path : {Path{"clusters", 1, true, false}, Path{"in-kernel merge", 4, false, true},
+                           Path{"combine kernel", 4, false, false}})
+    for (const bool pdl : {true, false}) {
+      SCOPED_TRACE(std::string(path.name) + (pdl ? ", pdl" : ", no pdl"));
+      cuda::set_cluster_merge(path.cluster);
+      cuda::set_in_kernel_merge(path.in_kernel);
+      Case c = many_blocks_case(40);
+      c.B = path.B, c.N = path.cluster ? 4096 : 2048;
+      test::Problem h(c);
+      test::DeviceProblem d(h);
+      std::vector<test::DeviceBuffer> outs;
+      std::vector<AttentionParams> ps;
+      for (int i = 0; i < kCalls; ++i) {
+        outs.emplace_back(h.out.size());
+        AttentionParams p = d.params();
+        p.stream = st.s, p.pdl = pdl;
+        p.q = i == 0 ? d.q.get() : outs[size_t(i - 1)].get();
+        p.out = outs.back().get();
+        ps.push_back(p);
+      }
+      EXPECT_EQ(cuda::uses_cluster_merge(ps[0]), path.cluster) << c.str();
+      EXPECT_EQ(cuda::uses_in_kernel_merge(ps[0]), path.in_kernel) << c.str();
+      const size_t bytes = attention_workspace_size(ps[0]);
+      test::DeviceBuffer ws(bytes);
+      CUDA_ASSERT(cudaMemsetAsync(ws.get(), 0, bytes, st.s));
+      const auto poison = [&] {
+        for (auto& o : outs) CUDA_ASSERT(cudaMemsetAsync(o.get(), 0xff, o.bytes(), st.s));
+      };
+      std::vector<std::vector<uint8_t>> host(kCalls, std::vector<uint8_t>(h.out.size()));
+      const auto fetch_and_check = [&](const char* how) {
+        CUDA_ASSERT(cudaStreamSynchronize(st.s));
+        for (int i = 0; i < kCalls; ++i)
+          CUDA_ASSERT(cudaMemcpy(host[size_t(i)].data(), outs[size_t(i)].get(), h.out.size(), cudaMemcpyDeviceToHost));
+        EXPECT_EQ(check_chain(h, host), "") << how << ": " << c.str();
+      };
+      // directly, on the library's workspace
+      poison();
+      for (const AttentionParams& p : ps) ASSERT_TRUE(attention(p).ok());
+      ASSERT_NO_FATAL_FAILURE(fetch_and_check("direct calls"));
+      // captured into one graph, on a caller's workspace (zero-filled: the in-kernel merge takes it)
+      cudaGraph_t graph = nullptr;
+      CUDA_ASSERT(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeGlobal));
+      bool ok = true;
+      for (AttentionParams p : ps) {
+        p.workspace = ws.get(), p.workspace_bytes = bytes, p.workspace_zeroed = true;
+        ok = attention(p).ok() && ok;
+      }
+      const cudaError_t end = cudaStreamEndCapture(st.s, &graph);
+      ASSERT_TRUE(ok);
+      CUDA_ASSERT(end);
+      cudaGraphExec_t exec = nullptr;
+      CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+      poison();
+      CUDA_ASSERT(cudaGraphLaunch(exec, st.s));
+      ASSERT_NO_FATAL_FAILURE(fetch_and_check("graph replay"));
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+    }
+}
+
 // Without a workspace, a stream whose library buffer is too small cannot be captured: the call
 // says to pass one, and leaves the capture intact.
 TEST(CudaRuntime, GraphCaptureWithoutWorkspaceIsAnError) {
