@@ -528,42 +528,6 @@ __device__ __noinline__ void merge_if_last_cold(const AttnArgs* a, float* scratc
   merge_if_last<RT>(*a, scratch, nrows, r0, b, kvh, rep, Lq);
 }
 
-// -DQSDPA_MMA_PDL_PREFETCH=1 (a tuning knob): launched as a programmatic dependent (a.pdl) on a
-// contiguous cache without per-sequence lengths, each warp asks L2 for the lines of its first
-// STAGES tiles (K and V rows, the four scale / bias spans) before griddepcontrol.wait, while the
-// stream's previous kernel may still run, so that its first copies hit L2. A prefetch reads nothing
-// into the kernel, and L2 is where every multiprocessor's writes land: a line fetched before the
-// previous kernel writes it is updated by that write, never stale.
-#ifndef QSDPA_MMA_PDL_PREFETCH
-#define QSDPA_MMA_PDL_PREFETCH 0
-#endif
-template <int KRB, int VRB, int D, int RT, int TG, int STAGES>
-__device__ __forceinline__ void prefetch_first_tiles(const AttnArgs& a) {
-  const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
-  const int R = int(a.Hq / a.Hkv * a.Lq), row_tiles = (R + RT - 1) / RT;
-  const int64_t bh = int64_t(blockIdx.x) / row_tiles, b = bh / a.Hkv, kvh = bh - b * a.Hkv;
-  int64_t tb = a.t_begin + int64_t(blockIdx.y) * a.chunk;  // (as the kernel finds its tokens)
-  const int64_t te = a.N < tb + a.chunk ? a.N : tb + a.chunk;
-  if (a.window > 0) {
-    const int64_t lo = a.N - a.Lq - a.window + 1;
-    if (lo > tb) tb += (lo - tb) / kTileTokens * kTileTokens;
-  }
-  const int sk = D / a.k_group * 2, sv = D / a.v_group * 2;  // scale bytes of a row
-  for (int it = 0; it < STAGES; ++it) {
-    const int64_t t = tb + (int64_t(warp) + int64_t(it) * TG) * kTileTokens;
-    if (t >= te) break;
-    const int rows = int(te - t < kTileTokens ? te - t : kTileTokens);
-    const int64_t kr = b * a.kmap.batch_stride + kvh * a.kmap.head_stride + t;
-    const int64_t vr = b * a.vmap.batch_stride + kvh * a.vmap.head_stride + t;
-    prefetch_l2_span(reinterpret_cast<const uint8_t*>(a.k_packed) + kr * KRB, rows * KRB, lane);
-    prefetch_l2_span(reinterpret_cast<const uint8_t*>(a.v_packed) + vr * VRB, rows * VRB, lane);
-    prefetch_l2_span(static_cast<const uint8_t*>(a.k_scales) + kr * sk, rows * sk, lane);
-    prefetch_l2_span(static_cast<const uint8_t*>(a.k_biases) + kr * sk, rows * sk, lane);
-    prefetch_l2_span(static_cast<const uint8_t*>(a.v_scales) + vr * sv, rows * sv, lane);
-    prefetch_l2_span(static_cast<const uint8_t*>(a.v_biases) + vr * sv, rows * sv, lane);
-  }
-}
-
 // KDEN: f16 keys as subnormal codes, else as magic-number codes (ignored for bf16). LAYOUT: kContig,
 // kPaged, kPaged16, kAny, kContigCluster or kContigWide (above). GC: the group size, or 0 for
 // a.k_group (above).
@@ -586,10 +550,6 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
   static_assert(16 + kRT * kInKernelMergeMaxSplits * 8 + kRT * 8 <= S::kMain, "the in-kernel merge's scratch fits");
   extern __shared__ __align__(16) uint8_t smem[];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#if QSDPA_MMA_PDL_PREFETCH
-  if constexpr ((LAYOUT == kContig || LAYOUT == kContigCluster) && S::kDS == 1)
-    if (a.pdl && !a.kv_lens && !a.q_lens) prefetch_first_tiles<S::kRBG, S::kRBGV, D, S::kRT, S::kTG, STAGES>(a);
-#endif
   // Launched as a programmatic dependent (AttnArgs::pdl), the block may be placed while the
   // stream's previous kernel still runs: nothing here reads or writes memory before that kernel
   // has completed and its writes are visible. (A no-op after an ordinary launch.)

@@ -93,14 +93,6 @@ __device__ __forceinline__ float2 ld_cluster_f32x2(uint32_t addr, uint32_t rank)
   return v;
 }
 
-// Asks L2 for the 128-byte lines of [p, p + bytes), lane `lane` of 32 every 32nd line (a hint:
-// nothing is read into the thread, no fault).
-__device__ __forceinline__ void prefetch_l2_span(const uint8_t* p, int bytes, int lane) {
-  const uintptr_t end = reinterpret_cast<uintptr_t>(p) + uintptr_t(bytes);
-  for (uintptr_t q = (reinterpret_cast<uintptr_t>(p) & ~uintptr_t(127)) + uintptr_t(lane) * 128; q < end; q += 32 * 128)
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(q));
-}
-
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_wait() {
