@@ -69,6 +69,17 @@ def main():
             print(f"  loop end -> partial stores issued: {five(sto)}; -> arrival's atomic back: {five(arr)}")
         print(f"  SMs' last block end {five(sm_last)}; running blocks per tenth: {act}; "
               f"slot-time used {busy * 100:.0f} %")
+        # the splits of each row tile (a cluster when they merge in clusters): how far apart they
+        # end, on how many SMs they ran, and when the row tiles end
+        tiles = {}
+        for b in bl:
+            tiles.setdefault(b[0], []).append(b)
+        if r["gy"] > 1:
+            tsp = [max(b[6] for b in v) - min(b[6] for b in v) for v in tiles.values()]
+            tsm = [len({b[2] for b in v}) for v in tiles.values()]
+            tend = [max(b[6] for b in v) for v in tiles.values()]
+            nsm = "/".join(str(pct(tsm, q)) for q in (0, 10, 50, 90, 100))
+            print(f"  row tiles' splits: end spread {five(tsp)}; SMs per row tile {nsm}; row tiles' end {five(tend)}")
 
 
 if __name__ == "__main__":
