@@ -44,7 +44,6 @@ mutants=(
   'empty-silent|src/cuda/mma_kernel.cuh|s/^        merge_if_last_cold<kRT>(&a, reinterpret_cast<float\*>(smem), nrows, r0, b, kvh, rep, Lq);$/        ;/|a split without tokens no longer counts its arrival|'"$all_tests"'|all'
   'batch-drop-split|src/cuda/mma_kernel.cuh|s/wb\[e\]\[k\] = live \&\& k < S ? wm/wb[e][k] = live \&\& k + 1 < S ? wm/|the batch merge (two-n-tile kernels) leaves the last split out of the sum|test_cuda_runtime@'"$tests_rt"' test_cuda_serving@'"$tests_sv"'|g64'
   'no-pdl-wait|src/cuda/mma_kernel.cuh|s/^  asm volatile("griddepcontrol.wait;\\n" ::: "memory");$//|the attention kernel, launched as a programmatic dependent, no longer waits for the previous kernel before it reads|test_cuda_runtime@CudaRuntime.ChainedCallsWaitForTheirInputs|g64'
-  'pool-skip|src/cuda/mma_kernel.cuh|s/nx = tw + int64_t(__shfl_sync(0xffffffffu, pgrab, 0));/nx = tw + 1 + int64_t(__shfl_sync(0xffffffffu, pgrab, 0));/|the tile pool'"'"'s warps skip the first tile the counter hands out|test_cuda_attention@CudaAttention.TilePool test_cuda_serving@CudaServingPool.*|g64'
   'zeroed-unasked|src/cuda/backend.cu|s/return in_kernel_merge(a, !p.workspace .. p.workspace_zeroed);/return in_kernel_merge(a, true);/|a caller'"'"'s workspace is taken as zero-filled without workspace_zeroed|test_cuda_runtime@'"$tests_rt"'|all'
 )
 # QSDPA_MUTANTS='name name': only these (default: all)

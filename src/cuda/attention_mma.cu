@@ -67,16 +67,11 @@ auto with_group(const AttnArgs& a, int kind, Fn&& fn) {
 }
 
 // Calls fn.template operator()<LAYOUT, GC>() for the instantiation that reads `a`: its layout (the
-// cluster-merge one when a.cluster: contiguous caches only, mma_max_clusters; the tile-pool one
-// when a.pool: also keys and values of one width and a constant group, mma_max_pool_clusters) and
-// its group size.
-template <bool MIXED, class Fn>
+// cluster-merge one when a.cluster: contiguous caches only, mma_max_clusters) and its group size.
+template <class Fn>
 auto with_layout(const AttnArgs& a, Fn&& fn) {
   const int kind = layout_kind(a);
   return with_group(a, kind, [&]<int GC>() {
-    if constexpr (GC != 0 && !MIXED) {
-      if (a.pool) return fn.template operator()<mmak::kContigPool, GC>();
-    }
     if (a.cluster) return fn.template operator()<mmak::kContigCluster, GC>();
     switch (kind) {
       case mmak::kContig: return fn.template operator()<mmak::kContig, GC>();
@@ -92,7 +87,7 @@ auto with_layout(const AttnArgs& a, Fn&& fn) {
 
 template <bool MIXED>
 int resident_for(const AttnArgs& a) {
-  return with_layout<MIXED>(a, [&]<int L, int GC>() { return mmad::resident<L, MIXED, GC>(a); });
+  return with_layout(a, [&]<int L, int GC>() { return mmad::resident<L, MIXED, GC>(a); });
 }
 
 // (contiguous caches only: the cluster merge has instantiations of kContig alone)
@@ -103,19 +98,9 @@ int cluster_for(const AttnArgs& a, int splits) {
   return with_group(a, kind, [&]<int GC>() { return mmad::cluster_ok<mmak::kContigCluster, MIXED, GC>(a, splits); });
 }
 
-// (contiguous caches, a constant group, keys and values of one width)
-int pool_for(const AttnArgs& a, int splits) {
-  const int kind = layout_kind(a);
-  if (kind != mmak::kContig || mixed(a)) return 0;
-#if QSDPA_HAVE_G64
-  if (fixed_group(a, kind)) return mmad::cluster_ok<mmak::kContigPool, false, mmak::kGroupFixed>(a, splits);
-#endif
-  return 0;
-}
-
 template <bool MIXED>
 cudaError_t launch_for(const AttnArgs& a, cudaStream_t s) {
-  return with_layout<MIXED>(a, [&]<int L, int GC>() { return mmad::launch<L, MIXED, GC>(a, s); });
+  return with_layout(a, [&]<int L, int GC>() { return mmad::launch<L, MIXED, GC>(a, s); });
 }
 
 }  // namespace
@@ -154,11 +139,6 @@ bool mma_fixed_group(const AttnArgs& a) { return mma_supports(a) && fixed_group(
 int mma_max_clusters(const AttnArgs& a, int splits) {
   if (!mma_supports(a) || splits < 1 || splits > mmak::kMaxClusterSplits) return 0;
   return mixed(a) ? cluster_for<true>(a, splits) : cluster_for<false>(a, splits);
-}
-
-int mma_max_pool_clusters(const AttnArgs& a, int splits) {
-  if (!mma_supports(a) || splits < 1 || splits > mmak::kMaxClusterSplits) return 0;
-  return pool_for(a, splits);
 }
 
 int mma_blocks_per_sm(const AttnArgs& a) {

@@ -41,9 +41,6 @@ int mma_blocks_per_sm(const AttnArgs& a);
 // kernel (AttnArgs::cluster; compute capability 9.0 and newer, at most mmak::kMaxClusterSplits,
 // contiguous caches only).
 int mma_max_clusters(const AttnArgs& a, int splits);
-// The same for the clusters that share a pool of tiles (AttnArgs::pool: contiguous caches, groups
-// of 64, keys and values of one width, the sm_90a instantiations; 0 where they do not apply).
-int mma_max_pool_clusters(const AttnArgs& a, int splits);
 
 // Writes a.part_m / part_l / part_o for a.num_splits splits of a.chunk tokens, split s covering
 // [a.t_begin + s * a.chunk, a.t_begin + (s + 1) * a.chunk) clipped to [0, N). Grid: one block

@@ -61,13 +61,6 @@ constexpr int64_t kMaxSplits = 4096;
 #endif
 constexpr int kClusterSplits = QSDPA_MMA_CLUSTER_SPLITS;
 std::atomic<bool> g_cluster_allowed{true};  // cuda::set_cluster_merge (a test hook)
-// The tile pool (pool_merge below): 0 never, 1 where it pays (the default), 2 wherever its
-// clusters fit (cuda::set_pool_merge, a test hook). -DQSDPA_MMA_POOL=0 starts with it off (a
-// tuning knob: the same tree without it).
-#ifndef QSDPA_MMA_POOL
-#define QSDPA_MMA_POOL 1
-#endif
-std::atomic<int> g_pool_mode{QSDPA_MMA_POOL};
 // The in-kernel merge of the splits (in_kernel_merge below); -DQSDPA_IN_KERNEL_MERGE=0 starts with it
 // off (a tuning knob: the same tree with the combine kernel).
 #ifndef QSDPA_IN_KERNEL_MERGE
@@ -395,28 +388,6 @@ bool cluster_merge(const AttnArgs& a, const DeviceFacts& f) {
 #endif
 }
 
-// Whether a tensor-core plan runs its row tiles' splits as clusters that share a pool of tiles
-// (AttnArgs::pool, with cluster): when the grid holds more than one block per multiprocessor and
-// every cluster is resident at once. Without the pool, blocks of equal work that a multiprocessor
-// received later run slower than its first ones, and a one-wave grid ends in a tail of a few
-// blocks (H200 traces, 2026-12-01/02: B=8 N=32768 4-bit, loops ending 61-82 us for the same
-// tokens, 12-13 us of the 86 us lost to the tail); with it, a cluster's blocks end within about
-// a tile of each other. Needs the cluster merge allowed (cuda::set_cluster_merge) too.
-bool pool_merge(const AttnArgs& a, const DeviceFacts& f) {
-#if QSDPA_HAVE_MMA
-  const int mode = g_pool_mode.load(std::memory_order_relaxed);
-  if (mode == 0 || !g_cluster_allowed.load(std::memory_order_relaxed) || f.cc_major < 9 || a.num_splits < 2 ||
-      a.num_splits > kClusterSplits)
-    return false;
-  const int64_t clusters = a.B * a.Hkv * cuda::mma_row_tiles(a), blocks = clusters * a.num_splits;
-  if (mode == 1 && blocks <= f.sms) return false;  // (one block per multiprocessor: cluster_merge)
-  return clusters <= cuda::mma_max_pool_clusters(a, a.num_splits);
-#else
-  (void)a, (void)f;
-  return false;
-#endif
-}
-
 // Whether a tensor-core plan that does not merge in clusters merges its splits in the kernel
 // (AttnArgs::counters) rather than in the combine kernel: when the workspace's counters are known
 // to be zero (`zeroed`: the library's own workspace, or the caller's with workspace_zeroed), the
@@ -449,8 +420,7 @@ bool in_kernel_merge(const AttnArgs& a, bool zeroed) {
 // Which merge a tensor-core plan for p takes: in clusters (sets a.cluster), in the attention
 // kernel (returns true), or else the combine kernel.
 bool pick_merge(AttnArgs& a, const DeviceFacts& f, const AttentionParams& p) {
-  a.pool = pool_merge(a, f) ? 1 : 0;
-  a.cluster = a.pool || cluster_merge(a, f);
+  a.cluster = cluster_merge(a, f);
   return in_kernel_merge(a, !p.workspace || p.workspace_zeroed);
 }
 
@@ -777,17 +747,6 @@ int planned_merge(const qsdpa::AttentionParams& p) {
 }  // namespace
 
 bool qsdpa::cuda::uses_cluster_merge(const AttentionParams& p) { return planned_merge(p) == 1; }
-
-int qsdpa::cuda::set_pool_merge(int mode) { return detail::g_pool_mode.exchange(mode); }
-
-bool qsdpa::cuda::uses_pool_merge(const AttentionParams& p) {
-  qsdpa::detail::DeviceFacts f;
-  if (p.N == 0 || !qsdpa::detail::current_device_facts(&f)) return false;
-  qsdpa::cuda::AttnArgs a = qsdpa::detail::make_args(p);
-  if (!qsdpa::detail::make_plan(a, f).use_mma) return false;
-  qsdpa::detail::pick_merge(a, f, p);
-  return a.pool != 0;
-}
 
 bool qsdpa::cuda::set_in_kernel_merge(bool on) { return detail::g_in_kernel_merge_allowed.exchange(on); }
 

@@ -65,13 +65,8 @@ constexpr int kMinBlocksLayout = QSDPA_MMA_MIN_BLOCKS_LAYOUT;  // the same, the 
 //             every tile;
 //   kContigCluster: kContig whose splits of a row tile run as one cluster and merge in the kernel
 //             (AttnArgs::cluster);
-//   kContigWide: kContig for D = 512 (d-split, Shape below: instantiations of their own);
-//   kContigPool: kContigCluster whose splits share the row tile's tiles (AttnArgs::pool): every
-//             warp of the cluster takes its next tile from one counter in the shared memory of
-//             the cluster's first block, so that the blocks that run faster take more tiles and
-//             the cluster's blocks end together (a warp's first tile is fixed: its rank in the
-//             cluster).
-constexpr int kContig = 0, kPaged = 1, kAny = 2, kPaged16 = 3, kContigCluster = 4, kContigWide = 5, kContigPool = 6;
+//   kContigWide: kContig for D = 512 (d-split, Shape below: instantiations of their own).
+constexpr int kContig = 0, kPaged = 1, kAny = 2, kPaged16 = 3, kContigCluster = 4, kContigWide = 5;
 // The group size is a runtime value, so that group ends fall at runtime positions of the unrolled
 // loops over 32-dim blocks. kFoldEveryBlock: the key logits fold the group scale in at the end of
 // every block (more multiply-adds, no branch between the mma of different blocks); else only at
@@ -151,7 +146,7 @@ struct Shape {
   static constexpr int kRed = kDS > 1 ? 2 * kWarps * kLogits * 32 * 4 : 0;
   static constexpr int kMain = kPipe > kMerge ? kPipe : kMerge;
   static constexpr int kQ = kRT * D * 4 + 2 * kRT * kNGMax * 4 + kRT * 4 + 2 * kRT * 8;
-  static constexpr int kSmem = kMain + kQ + 16;  // (+16: the tile counter of kContigPool)
+  static constexpr int kSmem = kMain + kQ;
   static_assert(kC >= 2 && (kC & (kC - 1)) == 0, "row pieces: a power of two, at least 2");
   static_assert(kCV >= 2 && (kCV & (kCV - 1)) == 0, "row pieces: a power of two, at least 2");
   static_assert(kStage % 16 == 0, "stages stay 16-byte aligned");
@@ -539,17 +534,14 @@ __device__ __noinline__ void merge_if_last_cold(const AttnArgs* a, float* scratc
 template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, int LAYOUT, int GC>
 __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
                                                : (D >= 256 || NT == 2) ? kMinBlocksWide
-                                               : LAYOUT == kContig || LAYOUT == kContigCluster || LAYOUT == kContigPool
-                                                   ? kMinBlocks
+                                               : LAYOUT == kContig || LAYOUT == kContigCluster ? kMinBlocks
                                                : LAYOUT == kAny      ? kMinBlocksLayout
                                                                      : kMinBlocksPaged) attention_kernel(const __grid_constant__ AttnArgs a) {
   using S = Shape<T, BITS, VBITS, D, NT, KDEN, STAGES>;
   using F = typename S::F;
   using FV = typename S::FV;
   using Y = Ty<T>;
-  constexpr bool kPool = LAYOUT == kContigPool;  // the cluster's warps share the row tile's tiles
-  constexpr bool kCl = kClusterCode && (LAYOUT == kContigCluster || kPool);  // merge in the cluster
-  static_assert(!kPool || (kClusterCode && STAGES == 2 && S::kDS == 1), "the tile pool: clusters, 2 stages");
+  constexpr bool kCl = kClusterCode && LAYOUT == kContigCluster;  // merge in the cluster (a.cluster)
   constexpr int kRB = S::kRB, kC = S::kC, kKS = S::kKS, kRT = S::kRT, kMT = S::kMT;
   constexpr int kRBV = S::kRBV, kCV = S::kCV, kRBG = S::kRBG, kRBGV = S::kRBGV;
   constexpr int kTW = kTileTokens, kSCB = S::kSCB, kNZ = S::kNZ, kNGP = S::kNGP, kNGMax = S::kNGMax;
@@ -594,9 +586,8 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
   const int64_t rows_total = a.B * a.Hq * a.Lq;
 
   // ---- this block's tokens; tiles before the sliding window of every row are skipped --------
-  // (the tile pool: the row tile's tokens, for every block of the cluster)
-  int64_t tb = a.t_begin + (kPool ? 0 : int64_t(split) * a.chunk);
-  const int64_t te = kPool || n < tb + a.chunk ? n : tb + a.chunk;
+  int64_t tb = a.t_begin + int64_t(split) * a.chunk;
+  const int64_t te = n < tb + a.chunk ? n : tb + a.chunk;
   // The query rows' region of shared memory (filled below; after the token loop it holds the
   // block's merged state for cluster_combine: o in qf, m and l in qc).
   float* qf = reinterpret_cast<float*>(smem + S::kMain);  // [kRT][D]
@@ -636,15 +627,13 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
   // around them (the offset soff of the tile inside that span is the same for every tile of the
   // block, since tiles advance by multiples of 16 bytes).
   const uint32_t wring = smem_addr(smem) + uint32_t(warp * STAGES * S::kStage);
-  // Tokens from one of the warp's tiles to the next, and its first tile's (the tile pool: tile j
-  // of the row tile is "the warp's tile j", at tb + j kTW, so that issue() takes the pool's index)
-  const int64_t tile_step = kPool ? kTW : int64_t(kTG) * kTW;
-  const int64_t t_first = tb + (kPool ? 0 : int64_t(tgrp) * kTW);
+  const int64_t tile_step = int64_t(kTG) * kTW;  // tokens from one of the warp's tiles to the next
+  const int64_t t_first = tb + int64_t(tgrp) * kTW;
   // The cache rows of the warp's first tile. Every layout (mma_supports) has token stride 1, tiles
   // that lie in one page (or two 16-token pages), and strides that keep the 16-byte phase of the
   // scale spans (the same for K and V).
   const bool in = t_first < te;
-  constexpr bool kCt = LAYOUT == kContig || LAYOUT == kContigCluster || LAYOUT == kContigWide || kPool;
+  constexpr bool kCt = LAYOUT == kContig || LAYOUT == kContigCluster || LAYOUT == kContigWide;
   // (16-token pages: the head's offset only; each tile's rows are looked up whole, below)
   constexpr bool half = LAYOUT == kPaged16;  // the tile's second half lies in the next table entry
   const int64_t krow_first = kCt   ? b * a.kmap.batch_stride + kvh * a.kmap.head_stride + t_first
@@ -762,27 +751,10 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
     }
   };
 
-  // The tile pool: the warp's first tile is its rank among the cluster's warps; every later one
-  // comes from the counter in the first block's shared memory (tw + its value), taken one tile
-  // ahead of its issue (pgrab, lane 0), so that no issue waits for the atomic's round trip.
-  int64_t pj = 0, tw = 0;
-  uint32_t pctr = 0, pgrab = 0;
-  if constexpr (kPool) {
-    tw = int64_t(cluster_size()) * kTG;
-    pj = int64_t(cluster_rank()) * kTG + tgrp;
-    if (pj < ntiles) issue(pj, 0);
-    cp_commit();
-    uint32_t* ctr = reinterpret_cast<uint32_t*>(smem + S::kMain + S::kQ);
-    if (cluster_rank() == 0 && tid == 0) *ctr = 0u;
-    cluster_sync();  // (the counter is set before any block takes from it)
-    pctr = cluster_addr(smem_addr(ctr), 0u);
-    if (lane == 0) pgrab = atom_add_cluster(pctr, 1u);
-  } else {
 #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < my_tiles) issue(s, s);
-      cp_commit();
-    }
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < my_tiles) issue(s, s);
+    cp_commit();
   }
 
   // ---- query rows: scaled copy in f32, per-row scale, per-group sums --------------------------
@@ -963,21 +935,11 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
   }
 
   int stage = 0;
-  // it: the warp's tile count (the tile pool: the row tile's tile index); nx: (the pool) the next
-  int64_t t0 = kPool ? tb + pj * kTW : t_first, nx = 0;
-  for (int64_t it = kPool ? pj : 0; kPool ? it < ntiles : it < my_tiles;
-       it = kPool ? nx : it + 1, t0 = kPool ? tb + nx * kTW : t0 + tile_step, stage = stage + 1 == STAGES ? 0 : stage + 1) {
+  int64_t t0 = t_first;
+  for (int64_t it = 0; it < my_tiles; ++it, t0 += tile_step, stage = stage + 1 == STAGES ? 0 : stage + 1) {
     cp_wait<STAGES - 2>();
     __syncwarp();
-    if constexpr (kPool) {
-      nx = tw + int64_t(__shfl_sync(0xffffffffu, pgrab, 0));
-      if (nx < ntiles) {
-        issue(nx, stage == 0 ? STAGES - 1 : stage - 1);
-        if (lane == 0) pgrab = atom_add_cluster(pctr, 1u);
-      }
-    } else if (it + STAGES - 1 < my_tiles) {
-      issue(it + STAGES - 1, stage == 0 ? STAGES - 1 : stage - 1);
-    }
+    if (it + STAGES - 1 < my_tiles) issue(it + STAGES - 1, stage == 0 ? STAGES - 1 : stage - 1);
     cp_commit();
 
     const uint32_t sk = wring + uint32_t(stage * S::kStage), sv = sk + kTW * kRB;
@@ -1345,7 +1307,7 @@ cudaError_t launch(const AttnArgs& a, cudaStream_t stream) {
   if (a.B * a.Hkv * row_tiles > int64_t(INT32_MAX)) return cudaErrorInvalidValue;
   const dim3 grid(unsigned(a.B * a.Hkv * row_tiles), unsigned(a.num_splits), 1u);
   // (clusters: the splits of a row tile as one cluster, cluster_fits says they are resident)
-  const int cluster = LAYOUT == kContigCluster || LAYOUT == kContigPool ? a.num_splits : 0;
+  const int cluster = LAYOUT == kContigCluster ? a.num_splits : 0;
   if (cluster > 0 || a.pdl) {
     cudaLaunchAttribute attr[2];
     const cudaLaunchConfig_t cfg = launch_config(grid, S::kSmem, stream, cluster, a.pdl != 0, attr);
@@ -1359,7 +1321,7 @@ cudaError_t launch(const AttnArgs& a, cudaStream_t stream) {
 // the kernel's attributes set as launch() sets them, plus the non-portable sizes above 8).
 template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, int LAYOUT, int GC>
 int cluster_fits(int splits) {
-  if (!kClusterCode || (LAYOUT != kContigCluster && LAYOUT != kContigPool)) return 0;
+  if (!kClusterCode || LAYOUT != kContigCluster) return 0;
   using S = Shape<T, BITS, VBITS, D, NT, KDEN, STAGES>;
   auto* kern = attention_kernel<T, BITS, VBITS, D, NT, KDEN, STAGES, LAYOUT, GC>;
   if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem) != cudaSuccess ||

@@ -93,27 +93,6 @@ __device__ __forceinline__ float2 ld_cluster_f32x2(uint32_t addr, uint32_t rank)
   return v;
 }
 
-// The address of shared-memory address `addr` in the block of cluster rank `rank`.
-__device__ __forceinline__ uint32_t cluster_addr(uint32_t addr, uint32_t rank) {
-  uint32_t ra = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(ra) : "r"(addr), "r"(rank));
-#else
-  (void)addr, (void)rank;
-#endif
-  return ra;
-}
-// atomicAdd (relaxed) on a u32 at a cluster address (cluster_addr); returns the old value.
-__device__ __forceinline__ uint32_t atom_add_cluster(uint32_t caddr, uint32_t v) {
-  uint32_t old = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("atom.shared::cluster.add.u32 %0, [%1], %2;\n" : "=r"(old) : "r"(caddr), "r"(v) : "memory");
-#else
-  (void)caddr, (void)v;
-#endif
-  return old;
-}
-
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_wait() {

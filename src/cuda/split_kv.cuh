@@ -84,9 +84,6 @@ struct AttnArgs {
   // and merge in the tensor-core kernel through distributed shared memory, which writes `out` as
   // the combine kernel would (no partials, no combine launch).
   int cluster;
-  // 1 (with cluster): the cluster's blocks take the row tile's tiles from one pool instead of
-  // fixed ranges of a.chunk tokens (mmak::kContigPool), and end together.
-  int pool;
   // 1: the device runs sm_90a code (compute capability 9.0): the tensor-core kernel may take its
   // instantiations with a constant group size (attention_mma.cu, fixed_group).
   int sm90a;

@@ -23,12 +23,6 @@ bool uses_tensor_cores(const AttentionParams& p, bool sm90a);
 bool set_cluster_merge(bool on);
 // Whether attention(p) on Backend::cuda would merge in clusters on the current device now.
 bool uses_cluster_merge(const AttentionParams& p);
-// The tensor-core kernel's clusters that share a pool of tiles (AttnArgs::pool; sm_90a, contiguous
-// caches, groups of 64, keys and values of one width, and the cluster merge allowed): 0 never, 1
-// where the library takes them (more than one block per multiprocessor; the default), 2 wherever
-// their clusters fit; returns the previous mode. Whether attention(p) would take them now.
-int set_pool_merge(int mode);
-bool uses_pool_merge(const AttentionParams& p);
 // Allows (true, the default) or forbids the tensor-core kernel's in-kernel merge of the splits
 // through counters in the workspace (AttnArgs::counters; otherwise the combine kernel) for the
 // whole process; returns the previous setting. Whether attention(p) would take it now.

@@ -443,57 +443,6 @@ TEST(CudaAttention, OtherHeadDimsAndMha) {
   }
 }
 
-// The clusters whose splits share a pool of tiles (AttnArgs::pool), forced onto small problems of
-// every format they take (f16 / bf16, 2 / 4 / 8 bits, D = 128 and 256, one and two n-tiles of rows)
-// with sinks, windows and masks; then the default choice, which takes them on a grid of more than
-// one block per multiprocessor.
-TEST(CudaAttention, TilePool) {
-  QSDPA_REQUIRE_CUDA();
-  if (!device_takes_sm90a_kernels()) GTEST_SKIP() << "the tile pool has instantiations for sm_90a alone";
-  struct Restore {
-    int was = cuda::set_pool_merge(2);
-    ~Restore() { cuda::set_pool_merge(was); }
-  } restore;
-  std::vector<Case> cases;
-  Case c;
-  c.dtype = DType::f16, c.kf = c.vf = {4, 64}, c.B = 2, c.Hq = 32, c.Hkv = 8, c.N = 5000, c.D = 128, c.sinks = true;
-  cases.push_back(c);
-  c.dtype = DType::bf16, c.kf = c.vf = {8, 64}, c.Lq = 3, c.N = 4000, c.window = 1500, c.sinks = false,
-  c.bool_mask = MaskKind::u8;  // 12 rows a KV head: two n-tiles
-  cases.push_back(c);
-  c = Case{};
-  c.dtype = DType::f16, c.kf = c.vf = {2, 64}, c.B = 2, c.Hq = 16, c.Hkv = 2, c.N = 3000, c.D = 256, c.float_mask = true;
-  cases.push_back(c);
-  c = Case{};
-  c.dtype = DType::bf16, c.kf = c.vf = {4, 64}, c.B = 1, c.Hq = 8, c.Hkv = 8, c.Lq = 2, c.N = 2500, c.D = 256,
-  c.window = 700, c.sinks = true;
-  cases.push_back(c);
-  c = Case{};
-  c.dtype = DType::f16, c.kf = c.vf = {8, 64}, c.B = 3, c.Hq = 4, c.Hkv = 2, c.N = 1000, c.D = 128, c.float_mask = true;
-  cases.push_back(c);
-  uint64_t seed = 9700;
-  for (Case cs : cases) {
-    cs.seed = seed++;
-    test::Problem h(cs);
-    test::DeviceProblem d(h);
-    EXPECT_TRUE(cuda::uses_pool_merge(d.params())) << cs.str();
-    EXPECT_EQ(test::run_cuda_case(cs), "") << "tile pool: " << cs.str();
-  }
-  cuda::set_pool_merge(1);  // the default: a one-wave grid of 4-bit blocks, several per multiprocessor
-  c = Case{};
-  c.dtype = DType::f16, c.kf = c.vf = {4, 64}, c.B = 8, c.Hq = 32, c.Hkv = 8, c.N = 4096, c.D = 128, c.sinks = true,
-  c.seed = seed++;
-  test::Problem h(c);
-  test::DeviceProblem d(h);
-  EXPECT_TRUE(cuda::uses_pool_merge(d.params())) << c.str();
-  for (int call = 0; call < 2; ++call) {
-    d.poison();
-    ASSERT_TRUE(attention(d.params()).ok());
-    ASSERT_EQ(d.fetch(), "");
-    EXPECT_EQ(d.check(), "") << "call " << call << ": " << c.str();
-  }
-}
-
 // Long caches: more than 64 splits (the combine's lane groups over three and more batches of 32
 // splits), sinks, windows that leave splits without a visible key, masks.
 TEST(CudaAttention, LongCacheManySplits) {
@@ -596,17 +545,6 @@ TEST(CudaSanitize, Representative) {
   c.sinks = true, c.bool_mask = MaskKind::u8;
   cases.push_back(c);
   for (const Case& cs : cases) EXPECT_EQ(test::run_cuda_case(cs), "") << cs.str();
-  if (device_takes_sm90a_kernels()) {  // clusters sharing a pool of tiles (their counter in shared memory)
-    const int was = cuda::set_pool_merge(2);
-    Case cp = cases[0];
-    cp.B = 2, cp.Hq = 8, cp.Hkv = 2, cp.N = 1500, cp.seed = 9800;
-    test::Problem hp(cp);
-    test::DeviceProblem dp(hp);
-    EXPECT_TRUE(cuda::uses_pool_merge(dp.params())) << cp.str();
-    const std::string r = test::run_cuda_case(cp);
-    cuda::set_pool_merge(was);
-    EXPECT_EQ(r, "") << "tile pool: " << cp.str();
-  }
   {  // the tensor-core case again with its splits merged by the combine kernel, not a cluster
     const bool was = cuda::set_cluster_merge(false);
     const std::string r = test::run_cuda_case(cases[0]);

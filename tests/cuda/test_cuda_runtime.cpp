@@ -176,12 +176,9 @@ Case many_blocks_case(uint64_t seed) {
   return c;
 }
 
-// (the in-kernel merge on and the tile pool off for the test, as they were after: the pool would
-// take these grids' splits into clusters)
 struct RestoreInKernelMerge {
   bool was = cuda::set_in_kernel_merge(true);
-  int pool = cuda::set_pool_merge(0);
-  ~RestoreInKernelMerge() { cuda::set_in_kernel_merge(was), cuda::set_pool_merge(pool); }
+  ~RestoreInKernelMerge() { cuda::set_in_kernel_merge(was); }
 };
 
 }  // namespace
@@ -297,8 +294,7 @@ std::string check_chain(test::Problem& h, const std::vector<std::vector<uint8_t>
 // placed while the call before it still runs; they must not read q, nor use the shared workspace,
 // before it has finished. A chain of calls with nothing between them, each reading the previous
 // call's out as its q (poisoned, NaN, until written), on every merge path (clusters, in the
-// kernel, the combine kernel, clusters sharing a pool of tiles), directly and replayed from a graph;
-// and the same with pdl false.
+// kernel, the combine kernel), directly and replayed from a graph; and the same with pdl false.
 TEST(CudaRuntime, ChainedCallsWaitForTheirInputs) {
   QSDPA_REQUIRE_CUDA();
   const RestoreInKernelMerge restore_in_kernel;
@@ -309,17 +305,13 @@ TEST(CudaRuntime, ChainedCallsWaitForTheirInputs) {
     const char* name;
     int64_t B;
     bool cluster, in_kernel;
-    int pool;
   };
-  const bool pool_here = device_takes_sm90a_kernels();  // (the tile pool: sm_90a alone)
-  for (const Path& path : {Path{"clusters", 1, true, false, 0}, Path{"in-kernel merge", 4, false, true, 0},
-                           Path{"combine kernel", 4, false, false, 0}, Path{"tile pool", 4, true, false, 2}})
+  for (const Path& path : {Path{"clusters", 1, true, false}, Path{"in-kernel merge", 4, false, true},
+                           Path{"combine kernel", 4, false, false}})
     for (const bool pdl : {true, false}) {
-      if (path.pool && !pool_here) continue;
       SCOPED_TRACE(std::string(path.name) + (pdl ? ", pdl" : ", no pdl"));
       cuda::set_cluster_merge(path.cluster);
       cuda::set_in_kernel_merge(path.in_kernel);
-      cuda::set_pool_merge(path.pool);
       Case c = many_blocks_case(40);
       c.B = path.B, c.N = path.cluster ? 4096 : 2048;
       test::Problem h(c);
@@ -336,7 +328,6 @@ TEST(CudaRuntime, ChainedCallsWaitForTheirInputs) {
       }
       EXPECT_EQ(cuda::uses_cluster_merge(ps[0]), path.cluster) << c.str();
       EXPECT_EQ(cuda::uses_in_kernel_merge(ps[0]), path.in_kernel) << c.str();
-      EXPECT_EQ(cuda::uses_pool_merge(ps[0]), path.pool != 0) << c.str();
       const size_t bytes = attention_workspace_size(ps[0]);
       test::DeviceBuffer ws(bytes);
       CUDA_ASSERT(cudaMemsetAsync(ws.get(), 0, bytes, st.s));

@@ -148,33 +148,6 @@ TEST(CudaServingInKernel, EmptySplitsArrive) {
   for (int call = 0; call < 3; ++call) EXPECT_EQ(run_cuda(sc, false), "") << "call " << call << ": " << sc.str();
 }
 
-// The clusters that share a pool of tiles on caches with capacities past N and sequences far
-// shorter than N (fewer tiles than the cluster has warps, and none), with strided q: twice.
-TEST(CudaServingPool, CapacitiesAndShortSequences) {
-  QSDPA_REQUIRE_CUDA();
-  if (!device_takes_sm90a_kernels()) GTEST_SKIP() << "the tile pool has instantiations for sm_90a alone";
-  const int was = cuda::set_pool_merge(2);
-  std::string r;
-  for (int i = 0; i < 2 && r.empty(); ++i) {
-    ServingCase sc;
-    sc.c.dtype = i ? DType::bf16 : DType::f16, sc.c.kf = sc.c.vf = {i ? 8 : 4, 64};
-    sc.c.B = 6, sc.c.Hq = 32, sc.c.Hkv = 8, sc.c.N = 6000, sc.c.D = 128, sc.c.sinks = i == 0, sc.c.seed = 660 + i;
-    sc.c.Lq = i ? 2 : 1;
-    sc.kind = CacheKind::capacity, sc.capacity_extra = 64;
-    sc.strided_q = i == 1;
-    sc.kv_lens = {6000, 1, 700, 6000, 33, 2500};
-    if (i) sc.q_lens = {2, 1, 2, 0, 2, 1};
-    ServingProblem sp(sc);
-    Mirror m;
-    AttentionParams p = sp.params(Backend::cuda, m.map());
-    if (!cuda::uses_pool_merge(p)) r = "the tile pool not taken: " + sc.str();
-    for (int call = 0; call < 2 && r.empty(); ++call) r = run_cuda(sc, false);
-    if (!r.empty()) r += ": " + sc.str();
-  }
-  cuda::set_pool_merge(was);
-  EXPECT_EQ(r, "");
-}
-
 // D = 512 on contiguous caches with capacities past N, per-sequence lengths, strided q and out and
 // broadcast masks, every format: the tensor-core kernel (d-split) on devices of compute capability
 // 9.0 with a build for sm_90a, the generic kernel elsewhere; held to the reference either way.
