@@ -271,7 +271,6 @@ AttnArgs make_args(const AttentionParams& p) {
   a.mmap = resolve_strides(p.mask_strides, p.Hq, p.Lq, p.N);
   a.kv_lens = p.kv_lens;
   a.q_lens = p.q_lens;
-  a.pdl = p.pdl ? 1 : 0;  // (run_attention clears it on devices older than compute capability 9.0)
   a.plan_b = p.B;
   if (p.kv_lens && p.kv_lens_host && p.N > 0) {
     int64_t total = 0;
@@ -611,18 +610,21 @@ Status run_attention(const AttentionParams& p, bool allow_mma) {
   DeviceGuard guard(dev);
   const auto stream = static_cast<cudaStream_t>(p.stream);
 
+  DeviceFacts f;
+  if (Status s = device_facts(dev, &f); !s) return s;
+  const int pdl = p.pdl && f.cc_major >= 9 ? 1 : 0;  // (programmatic launches: sm_90 and newer)
+
   if (p.N == 0) {  // no key at all: out is zeros, written by the combine step with no splits
     AttnArgs a = make_args(p);
     a.num_splits = 0;
+    a.pdl = pdl;
     if (cudaError_t e = cuda::combine_launch(a, stream); e != cudaSuccess)
       return cuda_status(e, "attention (combine kernel) launch");
     return make_status(StatusCode::ok, "", Backend::cuda);
   }
 
-  DeviceFacts f;
-  if (Status s = device_facts(dev, &f); !s) return s;
   AttnArgs a = make_args(p);
-  a.pdl = a.pdl && f.cc_major >= 9;
+  a.pdl = pdl;
   const Plan plan = make_plan(a, f, allow_mma);
   if (!plan.use_mma && int64_t(a.num_splits) * a.B * a.Hkv * cuda::generic_row_tiles(a) > INT32_MAX)
     return error(StatusCode::unsupported,

@@ -170,11 +170,12 @@ cudaError_t combine_launch(const AttnArgs& a, cudaStream_t s) {
   // Once per device (devices 0..63): the same shared-memory carveout as the attention kernels
   // (max shared), so that the multiprocessors need not switch their L1 / shared split between
   // the two launches of a call.
-  // Devices of compute capability 9.0 and newer also launch it as a programmatic dependent of the
-  // attention kernel before it (which signals launch_dependents as it starts): its blocks are
-  // placed while the attention kernel runs and wait in griddepcontrol.wait for its end, instead of
-  // the launch starting only after it. (Stream-captured as a programmatic graph edge.)
-  static std::atomic<uint64_t> opted{0}, pdl{0};
+  // With a.pdl (compute capability 9.0 and newer, backend.cu) it is launched as a programmatic
+  // dependent of the attention kernel before it (which signals launch_dependents as it starts):
+  // its blocks are placed while the attention kernel runs and wait in griddepcontrol.wait for its
+  // end, instead of the launch starting only after it. (Stream-captured as a programmatic graph
+  // edge.)
+  static std::atomic<uint64_t> opted{0};
   int dev = 0;
   if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
   const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
@@ -183,26 +184,20 @@ cudaError_t combine_launch(const AttnArgs& a, cudaStream_t s) {
                                              int(cudaSharedmemCarveoutMaxShared));
         e != cudaSuccess)
       return e;
-    int major = 0;
-    if (cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev); e != cudaSuccess)
-      return e;
     for (auto* k : {combine_kernel<1>, combine_kernel<4>})
       if (cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
                                                int(cudaSharedmemCarveoutMaxShared));
           e != cudaSuccess)
         return e;
-    if (major >= 9) pdl.fetch_or(bit, std::memory_order_acq_rel);
     opted.fetch_or(bit, std::memory_order_acq_rel);
   }
-  if (a.pdl && (pdl.load(std::memory_order_acquire) & bit)) {
+  if (a.pdl) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(unsigned(blocks), 1u, 1u);
     cfg.blockDim = dim3(unsigned(threads), 1u, 1u);
     cfg.dynamicSmemBytes = 0;
     cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute attr[1] = {programmatic_launch_attribute()};
     cfg.attrs = attr;
     cfg.numAttrs = 1;
     if (cudaLaunchKernelEx(&cfg, kern, a, rows) == cudaSuccess) return cudaSuccess;

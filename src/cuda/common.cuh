@@ -11,6 +11,15 @@
 
 namespace qsdpa::cuda {
 
+// The launch attribute that makes a kernel a programmatic dependent of the stream's previous work
+// (AttnArgs::pdl): the kernels wait in griddepcontrol.wait before they touch memory.
+inline cudaLaunchAttribute programmatic_launch_attribute() {
+  cudaLaunchAttribute at{};
+  at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at.val.programmaticStreamSerializationAllowed = 1;
+  return at;
+}
+
 // DType values as ints (qsdpa::DType: f32 = 0, f16 = 1, bf16 = 2).
 constexpr int kF32 = 0;
 constexpr int kF16 = 1;

@@ -1271,11 +1271,7 @@ inline cudaLaunchConfig_t launch_config(dim3 grid, int smem, cudaStream_t stream
     attr[n].val.clusterDim.z = 1;
     ++n;
   }
-  if (pdl) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
+  if (pdl) attr[n++] = programmatic_launch_attribute();
   cfg.attrs = attr;
   cfg.numAttrs = n;
   return cfg;

@@ -88,7 +88,8 @@ struct AttnArgs {
   // instantiations with a constant group size (attention_mma.cu, fixed_group).
   int sm90a;
   // 1: launch as a programmatic dependent (AttentionParams::pdl on a device of compute capability
-  // 9.0 or newer); the kernels wait in griddepcontrol.wait before touching memory either way.
+  // 9.0 or newer, set by run_attention alone; 0 from make_args); the kernels wait in
+  // griddepcontrol.wait before touching memory either way.
   int pdl;
   int64_t plan_b;  // (host only) sequences the split planner assumes: B, or the batch's tokens / N
   // Non-null: the tensor-core kernel merges the splits itself. Each block counts its arrival in
