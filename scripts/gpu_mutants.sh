@@ -32,6 +32,7 @@ tests_rt='CudaRuntime.InKernelMergeAcrossCalls:CudaRuntime.ZeroedCallerWorkspace
 tests_sv='Cases/CudaServingMmaInKernel.*:CudaServingInKernel.*'
 tests_at='CudaAttention.LongCacheManySplits:CudaSanitize.*'
 all_tests="test_cuda_runtime@$tests_rt test_cuda_serving@$tests_sv test_cuda_attention@$tests_at"
+tests_pool='test_cuda_attention@CudaAttention.TilePoolBlocks test_cuda_serving@CudaServingPool.*'
 
 # name|file|sed expression|what it breaks|tests (program@filter, space-separated)|scope
 # scope "all" rebuilds every object the change touches; "g64" rebuilds only the instantiations
@@ -41,9 +42,11 @@ all_tests="test_cuda_runtime@$tests_rt test_cuda_serving@$tests_sv test_cuda_att
 mutants=(
   'no-reset|src/cuda/mma_kernel.cuh|s/^    if (before == S - 1) a.counters\[blockIdx.x\] = 0;.*$//|the last split no longer sets its row tile'"'"'s counter back to 0|'"$all_tests"'|all'
   'no-reset-g64|src/cuda/mma_kernel.cuh|s/^    if (before == S - 1) a.counters\[blockIdx.x\] = 0;.*$//|the same, in the group-64 instantiations only|test_cuda_runtime@'"$tests_rt"'|g64'
-  'empty-silent|src/cuda/mma_kernel.cuh|s/^        merge_if_last_cold<kRT>(&a, reinterpret_cast<float\*>(smem), nrows, r0, b, kvh, rep, Lq);$/        ;/|a split without tokens no longer counts its arrival|'"$all_tests"'|all'
+  'empty-silent|src/cuda/mma_kernel.cuh|s/^        merge_if_last_cold<kRT, W>(&a, reinterpret_cast<float\*>(smem), nrows, r0, b, kvh, rep, Lq);$/        ;/|a split without tokens no longer counts its arrival|'"$all_tests"'|all'
   'batch-drop-split|src/cuda/mma_kernel.cuh|s/wb\[e\]\[k\] = live \&\& k < S ? wm/wb[e][k] = live \&\& k + 1 < S ? wm/|the batch merge (two-n-tile kernels) leaves the last split out of the sum|test_cuda_runtime@'"$tests_rt"' test_cuda_serving@'"$tests_sv"'|g64'
   'no-pdl-wait|src/cuda/mma_kernel.cuh|s/^  asm volatile("griddepcontrol.wait;\\n" ::: "memory");$//|the attention kernel, launched as a programmatic dependent, no longer waits for the previous kernel before it reads|test_cuda_runtime@CudaRuntime.ChainedCallsWaitForTheirInputs|g64'
+  'pool-twice|src/cuda/mma_kernel.cuh|s/^    if (tid == 0) \*pool = W;/    if (tid == 0) *pool = W - 1;/|the tile pool hands out tile W - 1 twice (one tile counted twice)|'"$tests_pool"'|g64'
+  'pool-skip|src/cuda/mma_kernel.cuh|s/^    if (tid == 0) \*pool = W;/    if (tid == 0) *pool = W + 1;/|the tile pool never hands out tile W (one tile lost)|'"$tests_pool"'|g64'
   'zeroed-unasked|src/cuda/backend.cu|s/return in_kernel_merge(a, !p.workspace .. p.workspace_zeroed);/return in_kernel_merge(a, true);/|a caller'"'"'s workspace is taken as zero-filled without workspace_zeroed|test_cuda_runtime@'"$tests_rt"'|all'
 )
 # QSDPA_MUTANTS='name name': only these (default: all)

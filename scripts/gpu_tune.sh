@@ -8,7 +8,9 @@
 #
 # `build` builds the variants in parallel, in build-tune-NAME (the variant named base is the main
 # build, QSDPA_GPU_BUILD, default build-gpu; a variant 'name=:FLAGS' is the main build's program
-# run with the bench flags FLAGS, e.g. 'nopdl=:--no-pdl'); `bench` writes OUTDIR/tune.jsonl
+# run with the bench flags FLAGS, e.g. 'nopdl=:--no-pdl'; a variant 'name=@VAR=VALUE ...' is the main
+# build's program run with those environment variables, e.g. 'nopool=@QSDPA_BLOCK_POOL=0');
+# `bench` writes OUTDIR/tune.jsonl
 # (one bench record per shape, variant and round, with keys "variant" and "round" added) and
 # appends to OUTDIR/tune.log, ending with the median time of each shape and variant.
 # QSDPA_GPU_TUNE_EXTRA='flags;flags' adds custom shapes (e.g. '--B 8 --N 32768 --paged 64').
@@ -36,6 +38,7 @@ for v in "${variants[@]}"; do
   name="${v%%=*}" flags="${v#*=}"
   [ "$name" = base ] && continue  # the main build (QSDPA_GPU_BUILD, default build-gpu)
   [ "${flags:0:1}" = : ] && continue  # the main build with other bench flags
+  [ "${flags:0:1}" = @ ] && continue  # the main build with environment variables
   (
     cmake -S . -B "build-tune-$name" -G Ninja -DCMAKE_BUILD_TYPE=Release -DQSDPA_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES=90a-real -DQSDPA_TEST_MLX=OFF -DQSDPA_PYTHON=OFF -DQSDPA_BUILD_TESTS=OFF \
@@ -58,21 +61,24 @@ for line in sys.stdin:
 }
 for r in $(seq 1 "$rounds"); do
   for v in "${variants[@]}"; do
-    name="${v%%=*}" flags="${v#*=}" vflags=()
+    name="${v%%=*}" flags="${v#*=}" vflags=() venv=()
     cli="build-tune-$name/tools/qsdpa"
     [ "$name" = base ] && cli="${QSDPA_GPU_BUILD:-build-gpu}/tools/qsdpa"
     if [ "${flags:0:1}" = : ]; then
       cli="${QSDPA_GPU_BUILD:-build-gpu}/tools/qsdpa"
       read -r -a vflags <<<"${flags:1}"
+    elif [ "${flags:0:1}" = @ ]; then
+      cli="${QSDPA_GPU_BUILD:-build-gpu}/tools/qsdpa"
+      read -r -a venv <<<"${flags:1}"
     fi
     [ -x "$cli" ] || continue
-    "$cli" bench --backend cuda --no-torch --jsonl "${vflags[@]}" "${bench_flags[@]}" 2>>"$log" | tag "$name" "$r" >>"$out/tune.jsonl"
+    env "${venv[@]}" "$cli" bench --backend cuda --no-torch --jsonl "${vflags[@]}" "${bench_flags[@]}" 2>>"$log" | tag "$name" "$r" >>"$out/tune.jsonl"
     # further shapes (QSDPA_GPU_TUNE_EXTRA: bench flag sets separated by ';'), once per round
     IFS=';' read -r -a extra <<<"${QSDPA_GPU_TUNE_EXTRA:-}"
     for fl in "${extra[@]}"; do
       [ -n "${fl// /}" ] || continue
       # shellcheck disable=SC2086
-      "$cli" bench --backend cuda --no-torch --jsonl "${vflags[@]}" $fl 2>>"$log" | tag "$name" "$r" >>"$out/tune.jsonl"
+      env "${venv[@]}" "$cli" bench --backend cuda --no-torch --jsonl "${vflags[@]}" $fl 2>>"$log" | tag "$name" "$r" >>"$out/tune.jsonl"
     done
     echo "round $r variant $name: done" >>"$log"
   done

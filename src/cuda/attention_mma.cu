@@ -66,13 +66,24 @@ auto with_group(const AttnArgs& a, int kind, Fn&& fn) {
   return fn.template operator()<0>();
 }
 
+// Whether the tile pool's instantiations (mmak::kContigPool) can read `a`: contiguous caches, groups
+// of 64 as a constant, 4-bit keys and values, D = 128, one n-tile of query rows.
+bool pool_fits(const AttnArgs& a) {
+  const int kind = layout_kind(a);
+  return kind == mmak::kContig && fixed_group(a, kind) && a.k_bits == 4 && a.v_bits == 4 && a.D == 128 &&
+         n_tiles(a) == 1;
+}
+
 // Calls fn.template operator()<LAYOUT, GC>() for the instantiation that reads `a`: its layout (the
-// cluster-merge one when a.cluster: contiguous caches only, mma_max_clusters) and its group size.
-template <class Fn>
+// cluster-merge one when a.cluster: contiguous caches only, mma_max_clusters; the tile pool's when
+// a.pool, which pool_fits) and its group size. MIXED: 8-bit keys with 4-bit values (no pool).
+template <bool MIXED, class Fn>
 auto with_layout(const AttnArgs& a, Fn&& fn) {
   const int kind = layout_kind(a);
   return with_group(a, kind, [&]<int GC>() {
     if (a.cluster) return fn.template operator()<mmak::kContigCluster, GC>();
+    if constexpr (!MIXED && GC != 0)
+      if (a.pool) return fn.template operator()<mmak::kContigPool, GC>();
     switch (kind) {
       case mmak::kContig: return fn.template operator()<mmak::kContig, GC>();
       case mmak::kPaged: return fn.template operator()<mmak::kPaged, GC>();
@@ -87,7 +98,7 @@ auto with_layout(const AttnArgs& a, Fn&& fn) {
 
 template <bool MIXED>
 int resident_for(const AttnArgs& a) {
-  return with_layout(a, [&]<int L, int GC>() { return mmad::resident<L, MIXED, GC>(a); });
+  return with_layout<MIXED>(a, [&]<int L, int GC>() { return mmad::resident<L, MIXED, GC>(a); });
 }
 
 // (contiguous caches only: the cluster merge has instantiations of kContig alone)
@@ -100,7 +111,7 @@ int cluster_for(const AttnArgs& a, int splits) {
 
 template <bool MIXED>
 cudaError_t launch_for(const AttnArgs& a, cudaStream_t s) {
-  return with_layout(a, [&]<int L, int GC>() { return mmad::launch<L, MIXED, GC>(a, s); });
+  return with_layout<MIXED>(a, [&]<int L, int GC>() { return mmad::launch<L, MIXED, GC>(a, s); });
 }
 
 }  // namespace
@@ -134,6 +145,8 @@ int64_t mma_row_tiles(const AttnArgs& a) {
 
 int mma_layout_kind(const AttnArgs& a) { return mma_supports(a) ? layout_kind(a) : -1; }
 
+bool mma_pool_fits(const AttnArgs& a) { return mma_supports(a) && pool_fits(a); }
+
 bool mma_fixed_group(const AttnArgs& a) { return mma_supports(a) && fixed_group(a, layout_kind(a)); }
 
 int mma_max_clusters(const AttnArgs& a, int splits) {
@@ -148,7 +161,8 @@ int mma_blocks_per_sm(const AttnArgs& a) {
 }
 
 cudaError_t mma_launch(const AttnArgs& a, cudaStream_t s) {
-  if (!mma_supports(a) || a.chunk <= 0 || a.chunk % mmak::kBlockTokens != 0 || a.num_splits > 65535)
+  if (!mma_supports(a) || a.chunk <= 0 || a.chunk % mmak::kBlockTokens != 0 || a.num_splits > 65535 ||
+      (a.pool && (a.cluster || !pool_fits(a))))
     return cudaErrorInvalidValue;
   if (a.num_splits <= 0 || a.B * a.Hkv == 0) return cudaSuccess;
   return mixed(a) ? launch_for<true>(a, s) : launch_for<false>(a, s);

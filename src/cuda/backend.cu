@@ -67,6 +67,24 @@ std::atomic<bool> g_cluster_allowed{true};  // cuda::set_cluster_merge (a test h
 #define QSDPA_IN_KERNEL_MERGE 1
 #endif
 std::atomic<bool> g_in_kernel_merge_allowed{QSDPA_IN_KERNEL_MERGE != 0};  // cuda::set_in_kernel_merge (a test hook)
+// The tensor-core kernel's tile pool (AttnArgs::pool; pool_wanted below): 0 never, 1 where the
+// problem is large enough, 2 wherever it fits (cuda::set_block_pool, a test hook).
+// -DQSDPA_MMA_POOL=0 starts with it off (a tuning knob: the same tree without it).
+// The environment variable QSDPA_BLOCK_POOL=0|1|2, read once, sets the starting mode instead (a
+// tuning knob: one build timed both ways, scripts/gpu_tune.sh).
+#ifndef QSDPA_MMA_POOL
+#define QSDPA_MMA_POOL 1
+#endif
+int initial_pool_mode() {
+  const char* e = std::getenv("QSDPA_BLOCK_POOL");
+  if (e && (e[0] == '0' || e[0] == '1' || e[0] == '2') && e[1] == '\0') return e[0] - '0';
+  return QSDPA_MMA_POOL;
+}
+std::atomic<int> g_pool_mode{initial_pool_mode()};
+// The pool is taken when the call's 32-token tiles are at least this many per warp of a full
+// wave of its blocks (one of 16 warps per multiprocessor): the latency-bound small calls keep
+// the 4-warp blocks, which spread a few tiles over more blocks.
+constexpr int64_t kPoolMinTilesPerWarp = 8;
 
 Status error(StatusCode c, std::string msg) { return make_status(c, std::move(msg), Backend::cuda); }
 
@@ -312,25 +330,37 @@ bool current_device_facts(DeviceFacts* f) {
   return bool(device_facts(dev, f));
 }
 
+// Whether a tensor-core plan of `units` (b, KV head, row tile) triples over `span` tokens takes the
+// tile pool (AttnArgs::pool; g_pool_mode). Measured reason: with 4-warp blocks, several per
+// multiprocessor, the blocks an SM received later ran slower than the first ones (H200 traces,
+// 2026-12-02: a block's warps ended 1.6-1.8 us apart, the blocks of a wave 20 us apart), and the
+// wave ended in a tail; warps of one block that take tiles from one counter end together.
+bool pool_wanted(const AttnArgs& a, int64_t units, int64_t span, int sms) {
+#if QSDPA_HAVE_MMA
+  const int mode = g_pool_mode.load(std::memory_order_relaxed);
+  if (mode == 0 || !cuda::mma_pool_fits(a)) return false;
+  const int64_t tiles = units * ((span + cuda::kPoolTileTokens - 1) / cuda::kPoolTileTokens);
+  return mode == 2 || tiles >= int64_t(sms) * cuda::kPoolBlockWarps * kPoolMinTilesPerWarp;
+#else
+  (void)a, (void)units, (void)span, (void)sms;
+  return false;
+#endif
+}
+
 Plan make_plan(AttnArgs& a, const DeviceFacts& f, bool allow_mma = true) {
   const int sms = f.sms;
   a.sm90a = runs_sm90a(f);
   Plan plan;
   plan.use_mma = allow_mma && use_tensor_cores(a);
   int64_t tile = cuda::kGenericTokenTile, min_tokens = kMinSplitTokensGeneric, units = a.plan_b * a.Hkv;
-  int per_sm = 1;
 #if QSDPA_HAVE_MMA
   if (plan.use_mma) {
     tile = std::max(1, cuda::mma_token_tile(a));
     min_tokens = kMinSplitTokensMma;
     units *= cuda::mma_row_tiles(a);
-    per_sm = cuda::mma_blocks_per_sm(a);
   }
 #endif
-  if (!plan.use_mma) {
-    units *= cuda::generic_row_tiles(a);
-    per_sm = cuda::generic_blocks_per_sm(a);
-  }
+  if (!plan.use_mma) units *= cuda::generic_row_tiles(a);
   // Bytes per token of K and V (packed words, scales and biases) and of one split's partials.
   const int64_t tsz = a.dtype == int(DType::f32) ? 4 : 2;
   const int64_t token_bytes = a.D * (a.k_bits + a.v_bits) / 8 + (a.D / a.k_group + a.D / a.v_group) * 2 * tsz;
@@ -344,6 +374,14 @@ Plan make_plan(AttnArgs& a, const DeviceFacts& f, bool allow_mma = true) {
   a.t_begin = a.window > 0 && !a.kv_lens && !a.q_lens ? std::max<int64_t>(0, a.N - a.Lq - a.window + 1) : 0;
   a.t_begin = a.t_begin / tile * tile;
   const int64_t span = a.N - a.t_begin;
+  int per_sm = 1;
+#if QSDPA_HAVE_MMA
+  if (plan.use_mma) {
+    a.pool = pool_wanted(a, units, span, sms);
+    per_sm = cuda::mma_blocks_per_sm(a);  // (of the pool's kernel when a.pool)
+  }
+#endif
+  if (!plan.use_mma) per_sm = cuda::generic_blocks_per_sm(a);
   const int64_t slots = std::max<int64_t>(1, int64_t(sms) * std::max(1, per_sm));
   const int64_t most = std::clamp<int64_t>(span / min_tokens, 1, kMaxSplits);
   int64_t best_chunk = 0, best_cost = -1;
@@ -375,7 +413,8 @@ Plan make_plan(AttnArgs& a, const DeviceFacts& f, bool allow_mma = true) {
 // 8-bit 146.7 -> 222.3 us, B=4 N=16384 38.1 -> 46.3 us; B=32 N=4096 57.9 -> 56.4 us).
 bool cluster_merge(const AttnArgs& a, const DeviceFacts& f) {
 #if QSDPA_HAVE_MMA
-  if (!g_cluster_allowed.load(std::memory_order_relaxed) || f.cc_major < 9 || a.num_splits > kClusterSplits)
+  if (!g_cluster_allowed.load(std::memory_order_relaxed) || f.cc_major < 9 || a.num_splits > kClusterSplits ||
+      a.pool)
     return false;
   // ... and when all the clusters are resident at once: a second wave of clusters costs more than
   // the combine (D=256 8-bit, one block per SM: 8 clusters of 16 did not fit, 61.7 -> 97.7 us).
@@ -753,6 +792,15 @@ bool qsdpa::cuda::uses_cluster_merge(const AttentionParams& p) { return planned_
 bool qsdpa::cuda::set_in_kernel_merge(bool on) { return detail::g_in_kernel_merge_allowed.exchange(on); }
 
 bool qsdpa::cuda::uses_in_kernel_merge(const AttentionParams& p) { return planned_merge(p) == 2; }
+
+int qsdpa::cuda::set_block_pool(int mode) { return detail::g_pool_mode.exchange(mode); }
+
+bool qsdpa::cuda::uses_block_pool(const AttentionParams& p) {
+  detail::DeviceFacts f;
+  if (p.N == 0 || !detail::current_device_facts(&f)) return false;
+  qsdpa::cuda::AttnArgs a = detail::make_args(p);
+  return detail::make_plan(a, f).use_mma && a.pool;
+}
 
 int qsdpa::cuda::planned_splits(const AttentionParams& p) {
   detail::DeviceFacts f;

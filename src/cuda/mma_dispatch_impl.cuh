@@ -20,27 +20,34 @@ namespace impl {
 // query so that both always name the same kernel. D is 64, 128 or 256 (2 bits: 128 or 256;
 // mma_supports), or 512 for the layout kContigWide alone.
 // 2 bits and GC != 0 (a constant group size): D is 128 or 256 only; 2 bits: one n-tile only.
+// The tile pool (kContigPool) has 4-bit keys and values, D = 128 and one n-tile alone
+// (pool_supports, attention_mma.cu).
 template <int LAYOUT, bool MIXED, int GC, class Fn>
 auto visit(const AttnArgs& a, Fn&& fn) {
   const auto d = [&]<class T, int BITS, int VBITS>() {
     const bool two = n_tiles(a) == 2;
     if constexpr (LAYOUT == mmak::kContigWide) {  // D = 512 (the d-split instantiations: one n-tile)
       return fn.template operator()<T, BITS, VBITS, 512, 1>();
+    } else if constexpr (LAYOUT == mmak::kContigPool) {
+      return fn.template operator()<T, BITS, VBITS, 128, 1>();
+    } else {
+      if constexpr (BITS != 2 && GC == 0) {
+        if (a.D == 64)
+          return two ? fn.template operator()<T, BITS, VBITS, 64, 2>() : fn.template operator()<T, BITS, VBITS, 64, 1>();
+      }
+      if (a.D == 128) {
+        if constexpr (BITS == 2) return fn.template operator()<T, BITS, VBITS, 128, 1>();
+        else
+          return two ? fn.template operator()<T, BITS, VBITS, 128, 2>() : fn.template operator()<T, BITS, VBITS, 128, 1>();
+      }
+      return fn.template operator()<T, BITS, VBITS, 256, 1>();
     }
-    if constexpr (BITS != 2 && GC == 0) {
-      if (a.D == 64)
-        return two ? fn.template operator()<T, BITS, VBITS, 64, 2>() : fn.template operator()<T, BITS, VBITS, 64, 1>();
-    }
-    if (a.D == 128) {
-      if constexpr (BITS == 2) return fn.template operator()<T, BITS, VBITS, 128, 1>();
-      else
-        return two ? fn.template operator()<T, BITS, VBITS, 128, 2>() : fn.template operator()<T, BITS, VBITS, 128, 1>();
-    }
-    return fn.template operator()<T, BITS, VBITS, 256, 1>();
   };
   const auto t = [&]<class T>() {
     if constexpr (MIXED) {
       return d.template operator()<T, 8, 4>();
+    } else if constexpr (LAYOUT == mmak::kContigPool) {
+      return d.template operator()<T, 4, 4>();
     } else {
       return a.k_bits == 4   ? d.template operator()<T, 4, 4>()
              : a.k_bits == 2 ? d.template operator()<T, 2, 2>()
@@ -62,7 +69,8 @@ cudaError_t launch(const AttnArgs& a, cudaStream_t s) {
 template <int LAYOUT, bool MIXED, int GC>
 int resident(const AttnArgs& a) {
   return impl::visit<LAYOUT, MIXED, GC>(a, [&]<class T, int BITS, int VBITS, int D, int NT>() {
-    using S = mmak::Shape<T, BITS, VBITS, D, NT, kKeyDenorm, kStages>;
+    constexpr int W = mmak::warps_of(LAYOUT);
+    using S = mmak::Shape<T, BITS, VBITS, D, NT, kKeyDenorm, kStages, W>;
     static std::mutex mu;
     static std::map<int, int> cache;  // device -> blocks per SM, for this instantiation
     int dev = 0;
@@ -75,7 +83,7 @@ int resident(const AttnArgs& a) {
     auto* kern = mmak::attention_kernel<T, BITS, VBITS, D, NT, kKeyDenorm, kStages, LAYOUT, GC>;
     int n = 0;
     if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, mmak::kWarps * 32, S::kSmem) != cudaSuccess) {
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, W * 32, S::kSmem) != cudaSuccess) {
       cudaGetLastError();
       return 1;  // not cached: asked again next time
     }

@@ -27,6 +27,9 @@ namespace qsdpa::cuda::mmak {
 constexpr int kWarps = 4;
 constexpr int kTileTokens = 32;                  // tokens per warp tile
 constexpr int kBlockTokens = kWarps * kTileTokens;  // the dispatcher's chunk granularity
+// Warps of a block of the tile-pool layout (kContigPool below): one block per multiprocessor.
+constexpr int kPoolWarps = kPoolBlockWarps;
+static_assert(kPoolTileTokens == kTileTokens, "the planner counts the pool's tiles");
 constexpr float kTau = 8.0f;                     // lazy-rescale margin (log2 units): p <= 2^8
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -65,8 +68,15 @@ constexpr int kMinBlocksLayout = QSDPA_MMA_MIN_BLOCKS_LAYOUT;  // the same, the 
 //             every tile;
 //   kContigCluster: kContig whose splits of a row tile run as one cluster and merge in the kernel
 //             (AttnArgs::cluster);
-//   kContigWide: kContig for D = 512 (d-split, Shape below: instantiations of their own).
-constexpr int kContig = 0, kPaged = 1, kAny = 2, kPaged16 = 3, kContigCluster = 4, kContigWide = 5;
+//   kContigWide: kContig for D = 512 (d-split, Shape below: instantiations of their own);
+//   kContigPool: kContig in blocks of kPoolWarps warps, one per multiprocessor, whose warps take
+//             the split's tiles one at a time from a counter in the block's shared memory
+//             (AttnArgs::pool): a warp that runs faster takes more tiles, so all the warps of
+//             a multiprocessor end within about a tile of each other.
+constexpr int kContig = 0, kPaged = 1, kAny = 2, kPaged16 = 3, kContigCluster = 4, kContigWide = 5,
+              kContigPool = 6;
+// Warps per block of a layout instantiation.
+__host__ __device__ constexpr int warps_of(int layout) { return layout == kContigPool ? kPoolWarps : kWarps; }
 // The group size is a runtime value, so that group ends fall at runtime positions of the unrolled
 // loops over 32-dim blocks. kFoldEveryBlock: the key logits fold the group scale in at the end of
 // every block (more multiply-adds, no branch between the mma of different blocks); else only at
@@ -111,13 +121,13 @@ constexpr int kMinBlocksDSplit = QSDPA_MMA_MIN_BLOCKS_DSPLIT;
 // and q operands of 512 dims do not fit one warp's registers). Other head dims: one warp per tile.
 constexpr int d_split(int D) { return D == 512 ? 4 : 1; }
 
-// Keys of BITS bits, values of VBITS bits (the same group size).
-template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES>
+// Keys of BITS bits, values of VBITS bits (the same group size), W warps per block.
+template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, int W = kWarps>
 struct Shape {
   using F = Fmt<T, BITS, KDEN>;    // keys
   using FV = Fmt<T, VBITS, KDEN>;  // values
   static constexpr int kDS = d_split(D);      // warps per tile (d-split)
-  static constexpr int kTG = kWarps / kDS;    // warps (or d-split groups) streaming different tiles
+  static constexpr int kTG = W / kDS;         // warps (or d-split groups) streaming different tiles
   static constexpr int kDW = D / kDS;         // head dims of one warp
   static constexpr int kRBG = D * BITS / 8;   // bytes of one packed key row in memory
   static constexpr int kRBGV = D * VBITS / 8; // the same for a value row
@@ -135,7 +145,7 @@ struct Shape {
   static constexpr int kNZ = (kNA * kNGP + 7) / 8;  // mma for the per-group corrections
   static constexpr int kSCB = (kTileTokens * kNGW * 2 + 15) / 16 * 16 + 16;  // one scale array
   static constexpr int kStage = kTileTokens * (kRB + kRBV) + 4 * kSCB;
-  static constexpr int kPipe = kWarps * STAGES * kStage;
+  static constexpr int kPipe = W * STAGES * kStage;
   // the merge of the warps' states: m [kTG][kRT], l [kLW][kRT] (the merged l and m of a row go to
   // l[0] and l[1]: two slots at least), o [kTG][kRT][D]
   static constexpr int kLW = kTG < 2 ? 2 : kTG;
@@ -143,10 +153,11 @@ struct Shape {
   // d-split: the logits' partial sums of a tile, [2 tiles][kWarps][16 values][32 lanes] f32, in
   // the query rows' f32 copy (free once the q operands are in registers)
   static constexpr int kLogits = kMT * NT * 4;
-  static constexpr int kRed = kDS > 1 ? 2 * kWarps * kLogits * 32 * 4 : 0;
+  static constexpr int kRed = kDS > 1 ? 2 * W * kLogits * 32 * 4 : 0;
   static constexpr int kMain = kPipe > kMerge ? kPipe : kMerge;
   static constexpr int kQ = kRT * D * 4 + 2 * kRT * kNGMax * 4 + kRT * 4 + 2 * kRT * 8;
-  static constexpr int kSmem = kMain + kQ;
+  static constexpr int kPool = W > kWarps ? 16 : 0;  // the tile pool's counter (kContigPool)
+  static constexpr int kSmem = kMain + kQ + kPool;
   static_assert(kC >= 2 && (kC & (kC - 1)) == 0, "row pieces: a power of two, at least 2");
   static_assert(kCV >= 2 && (kCV & (kCV - 1)) == 0, "row pieces: a power of two, at least 2");
   static_assert(kStage % 16 == 0, "stages stay 16-byte aligned");
@@ -350,7 +361,7 @@ inline __device__ __noinline__ void trace_block(const AttnArgs& a, unsigned long
 // L1 of this one does not see their stores. It sits on the critical path of the call (the last
 // row tile's last split), so its loads go out in few rounds: all (m, l) at once, then all o
 // (the host takes it only when that is a few loads per thread: in_kernel_merge, backend.cu).
-template <int RT>
+template <int RT, int W = kWarps>
 __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch, int nrows, int r0, int64_t b,
                                               int64_t kvh, int rep, int Lq) {
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, S = int(gridDim.y), D = int(a.D);
@@ -385,7 +396,7 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
     h = kvh * rep + row_head(r0 + lr, Lq, i);
     return (b * a.Hq + h) * a.Lq + i;
   };
-  for (int idx = tid; idx < nrows * S; idx += kWarps * 32) {
+  for (int idx = tid; idx < nrows * S; idx += W * 32) {
     const int lr = idx / S, sp = idx - lr * S;
     int64_t h;
     int i;
@@ -395,7 +406,7 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
   }
   __syncthreads();
   // Per row, one warp: lanes over the splits.
-  for (int lr = warp; lr < nrows; lr += kWarps) {
+  for (int lr = warp; lr < nrows; lr += W) {
     int64_t h;
     int i;
     row_of(lr, h, i);
@@ -433,13 +444,13 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
   // per round trip: 4 for 16 rows of 128 dims (Lq=4), ~1 us each under load.
   constexpr bool kBatch = QSDPA_MMA_MERGE_BATCH == 1 || (QSDPA_MMA_MERGE_BATCH == 2 && RT >= 16);
   constexpr int kEB = RT >= 16 ? 4 : 2;  // (4 x 8 float4 fit the two-n-tile kernels' registers)
-  if (kBatch && S <= 8 && nrows * D4 <= kEB * kWarps * 32) {
+  if (kBatch && S <= 8 && nrows * D4 <= kEB * W * 32) {
     float4 ob[kEB][8];
     float wb[kEB][8], invb[kEB];
     int64_t outb[kEB];  // (the element's first output)
 #pragma unroll
     for (int e = 0; e < kEB; ++e) {
-      const int idx = tid + e * kWarps * 32;
+      const int idx = tid + e * W * 32;
       const bool ok = idx < nrows * D4;
       const int lr = ok ? idx / D4 : 0, d = ok ? 4 * (idx - lr * D4) : 0;
       int64_t h;
@@ -461,7 +472,7 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
     }
 #pragma unroll
     for (int e = 0; e < kEB; ++e) {
-      if (tid + e * kWarps * 32 >= nrows * D4) continue;
+      if (tid + e * W * 32 >= nrows * D4) continue;
       const float inv = invb[e];
       float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
@@ -474,7 +485,7 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
     }
     return;
   }
-  for (int idx = tid; idx < nrows * D4; idx += kWarps * 32) {
+  for (int idx = tid; idx < nrows * D4; idx += W * 32) {
     const int lr = idx / D4, d = 4 * (idx - lr * D4);
     int64_t h;
     int i;
@@ -522,26 +533,30 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
 #ifndef QSDPA_MMA_MERGE_COLD_INLINE
 #define QSDPA_MMA_MERGE_COLD_INLINE 0
 #endif
-template <int RT>
+template <int RT, int W = kWarps>
 __device__ __noinline__ void merge_if_last_cold(const AttnArgs* a, float* scratch, int nrows, int r0, int64_t b,
                                                 int64_t kvh, int rep, int Lq) {
-  merge_if_last<RT>(*a, scratch, nrows, r0, b, kvh, rep, Lq);
+  merge_if_last<RT, W>(*a, scratch, nrows, r0, b, kvh, rep, Lq);
 }
 
 // KDEN: f16 keys as subnormal codes, else as magic-number codes (ignored for bf16). LAYOUT: kContig,
 // kPaged, kPaged16, kAny, kContigCluster or kContigWide (above). GC: the group size, or 0 for
 // a.k_group (above).
 template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, int LAYOUT, int GC>
-__global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
+__global__ void __launch_bounds__(warps_of(LAYOUT) * 32, LAYOUT == kContigPool ? 1
+                                               : d_split(D) > 1 ? kMinBlocksDSplit
                                                : (D >= 256 || NT == 2) ? kMinBlocksWide
                                                : LAYOUT == kContig || LAYOUT == kContigCluster ? kMinBlocks
                                                : LAYOUT == kAny      ? kMinBlocksLayout
                                                                      : kMinBlocksPaged) attention_kernel(const __grid_constant__ AttnArgs a) {
-  using S = Shape<T, BITS, VBITS, D, NT, KDEN, STAGES>;
+  constexpr int W = warps_of(LAYOUT);
+  using S = Shape<T, BITS, VBITS, D, NT, KDEN, STAGES, W>;
   using F = typename S::F;
   using FV = typename S::FV;
   using Y = Ty<T>;
   constexpr bool kCl = kClusterCode && LAYOUT == kContigCluster;  // merge in the cluster (a.cluster)
+  constexpr bool kPl = LAYOUT == kContigPool;  // the warps take their tiles from the block's pool
+  static_assert(!kPl || (STAGES == 2 && d_split(D) == 1), "the pool's loop: two stages, one warp per tile");
   constexpr int kRB = S::kRB, kC = S::kC, kKS = S::kKS, kRT = S::kRT, kMT = S::kMT;
   constexpr int kRBV = S::kRBV, kCV = S::kCV, kRBG = S::kRBG, kRBGV = S::kRBGV;
   constexpr int kTW = kTileTokens, kSCB = S::kSCB, kNZ = S::kNZ, kNGP = S::kNGP, kNGMax = S::kNGMax;
@@ -594,12 +609,12 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
   float* qc = qf + kRT * D;                               // [kRT][kNGMax]  Σ_g q
   if (tb >= te) {  // a split past this sequence's end (per-sequence lengths): no key, nothing else
     if (kCl) {  // the cluster's other splits still merge with this one's (empty) state
-      for (int lr = tid; lr < kRT; lr += kWarps * 32) qc[lr] = -INFINITY, qc[kRT + lr] = 0.0f;
+      for (int lr = tid; lr < kRT; lr += W * 32) qc[lr] = -INFINITY, qc[kRT + lr] = 0.0f;
       cluster_combine<D, kRT>(a, qc, qc + kRT, qf, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
       return;
     }
     const int64_t rows_all = a.B * a.Hq * a.Lq;
-    for (int lr = tid; lr < nrows; lr += kWarps * 32) {
+    for (int lr = tid; lr < nrows; lr += W * 32) {
       int i;
       const int hl = row_head(r0 + lr, Lq, i);
       const int64_t prow = int64_t(split) * rows_all + (b * a.Hq + kvh * rep + hl) * a.Lq + i;
@@ -608,9 +623,9 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
     }
     if (a.counters) {
       if constexpr (QSDPA_MMA_MERGE_COLD_INLINE != 0)
-        merge_if_last<kRT>(a, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
+        merge_if_last<kRT, W>(a, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
       else
-        merge_if_last_cold<kRT>(&a, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
+        merge_if_last_cold<kRT, W>(&a, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
     }
     return;
   }
@@ -619,7 +634,8 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
     if (lo > tb) tb += (lo - tb) / kTW * kTW;
   }
   const int64_t ntiles = te > tb ? (te - tb + kTW - 1) / kTW : 0;
-  const int64_t my_tiles = ntiles > tgrp ? (ntiles - tgrp + kTG - 1) / kTG : 0;
+  // (the pool: the warp's first tile is tile `warp`, the rest come from the pool's counter)
+  const int64_t my_tiles = kPl ? 0 : ntiles > tgrp ? (ntiles - tgrp + kTG - 1) / kTG : 0;
 
   // ---- the warp's copy ring -------------------------------------------------------------------
   // A tile is kTW consecutive rows: kTW * kRB contiguous bytes of K (kTW * kRBV of V), and for each of
@@ -627,13 +643,15 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
   // around them (the offset soff of the tile inside that span is the same for every tile of the
   // block, since tiles advance by multiples of 16 bytes).
   const uint32_t wring = smem_addr(smem) + uint32_t(warp * STAGES * S::kStage);
-  const int64_t tile_step = int64_t(kTG) * kTW;  // tokens from one of the warp's tiles to the next
-  const int64_t t_first = tb + int64_t(tgrp) * kTW;
+  // Tokens from one of the warp's tiles to the next, and its first tile's first token. The pool
+  // numbers the split's tiles from tb instead: issue(j, ...) copies tile j of the split.
+  const int64_t tile_step = int64_t(kPl ? 1 : kTG) * kTW;
+  const int64_t t_first = tb + int64_t(kPl ? 0 : tgrp) * kTW;
   // The cache rows of the warp's first tile. Every layout (mma_supports) has token stride 1, tiles
   // that lie in one page (or two 16-token pages), and strides that keep the 16-byte phase of the
   // scale spans (the same for K and V).
   const bool in = t_first < te;
-  constexpr bool kCt = LAYOUT == kContig || LAYOUT == kContigCluster || LAYOUT == kContigWide;
+  constexpr bool kCt = LAYOUT == kContig || LAYOUT == kContigCluster || LAYOUT == kContigWide || kPl;
   // (16-token pages: the head's offset only; each tile's rows are looked up whole, below)
   constexpr bool half = LAYOUT == kPaged16;  // the tile's second half lies in the next table entry
   const int64_t krow_first = kCt   ? b * a.kmap.batch_stride + kvh * a.kmap.head_stride + t_first
@@ -751,10 +769,18 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
     }
   };
 
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < my_tiles) issue(s, s);
+  // The pool's counter: the next tile no warp has taken (warps 0..W-1 start with tiles 0..W-1).
+  int* pool = kPl ? reinterpret_cast<int*>(smem + S::kMain + S::kQ) : nullptr;
+  if constexpr (kPl) {
+    if (tid == 0) *pool = W;  // (read only after the barriers below)
+    if (warp < ntiles) issue(warp, 0);
     cp_commit();
+  } else {
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < my_tiles) issue(s, s);
+      cp_commit();
+    }
   }
 
   // ---- query rows: scaled copy in f32, per-row scale, per-group sums --------------------------
@@ -782,16 +808,16 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
     // All loads first, then the stores: one memory latency for the block, not one per element
     // (the generic stores could otherwise alias the loads and serialize them).
     const uint16_t* q16 = static_cast<const uint16_t*>(a.q);
-    constexpr int kQPer = (kRT * D + kWarps * 32 - 1) / (kWarps * 32);
+    constexpr int kQPer = (kRT * D + W * 32 - 1) / (W * 32);
     uint16_t qv[kQPer];
 #pragma unroll
     for (int k = 0; k < kQPer; ++k) {
-      const int idx = tid + k * kWarps * 32, lr = idx / D, d = idx - lr * D;
+      const int idx = tid + k * W * 32, lr = idx / D, d = idx - lr * D;
       qv[k] = idx < kRT * D && lr < nrows ? __ldg(q16 + (q_off(lr) + d)) : uint16_t(0);
     }
 #pragma unroll
     for (int k = 0; k < kQPer; ++k) {
-      const int idx = tid + k * kWarps * 32;
+      const int idx = tid + k * W * 32;
       if (idx < kRT * D) qf[idx] = Y::to_f32(qv[k]);
     }
     if (tid < kRT) {
@@ -801,11 +827,13 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
       rmrow[tid] = tid < nrows ? m_off(tid) : 0;
     }
     __syncthreads();
-    static_assert(kRT % kWarps == 0, "rows per warp: a whole number");
-    // (unrolled: the rows' reduction chains interleave; every warp takes kRT / kWarps rows)
+    static_assert(kRT % W == 0 || W % kRT == 0, "rows per warp: a whole number, or warps per row");
+    // (unrolled: the rows' reduction chains interleave; every warp takes kRT / W rows, or one
+    // when there are more warps than rows)
 #pragma unroll
-    for (int k = 0; k < kRT / kWarps; ++k) {
-      const int lr = warp + k * kWarps;
+    for (int k = 0; k < (kRT + W - 1) / W; ++k) {
+      const int lr = warp + k * W;
+      if (W > kRT && lr >= kRT) break;
       if (lr >= nrows) {  // a padding row (all zeros): what the reductions below would give
         for (int k = lane; k < kNGMax; k += 32) qc[lr * kNGMax + k] = qo[lr * kNGMax + k] = 0.0f;
         if (lane == 0) rowc[lr] = a.scale * kLog2e / F::kKappa;
@@ -936,10 +964,23 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
 
   int stage = 0;
   int64_t t0 = t_first;
-  for (int64_t it = 0; it < my_tiles; ++it, t0 += tile_step, stage = stage + 1 == STAGES ? 0 : stage + 1) {
+  // The pool: the warp's tile (cur) and the one it took next (nxt), copied one iteration ahead;
+  // the tile after that is taken during the iteration (taken, lane 0's atomic), a shared-memory
+  // round trip hidden behind the tile's math. Numbers at or past ntiles end the loop.
+  int64_t cur = kPl ? warp : 0, nxt = 0;
+  if constexpr (kPl) nxt = __shfl_sync(0xffffffffu, lane == 0 ? atomicAdd(pool, 1) : 0, 0);
+  for (int64_t it = 0; kPl ? cur < ntiles : it < my_tiles;
+       ++it, t0 += tile_step, stage = stage + 1 == STAGES ? 0 : stage + 1) {
     cp_wait<STAGES - 2>();
     __syncwarp();
-    if (it + STAGES - 1 < my_tiles) issue(it + STAGES - 1, stage == 0 ? STAGES - 1 : stage - 1);
+    int taken = 0;
+    if constexpr (kPl) {
+      t0 = tb + cur * kTW;
+      if (nxt < ntiles) issue(nxt, stage ^ 1);
+      if (lane == 0) taken = atomicAdd(pool, 1);
+    } else if (it + STAGES - 1 < my_tiles) {
+      issue(it + STAGES - 1, stage == 0 ? STAGES - 1 : stage - 1);
+    }
     cp_commit();
 
     const uint32_t sk = wring + uint32_t(stage * S::kStage), sv = sk + kTW * kRB;
@@ -1018,7 +1059,7 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
     // which every warp reaches after its reads).
     if constexpr (kDS > 1) {
       constexpr int kV4 = S::kLogits / 4;
-      float4* xb = reinterpret_cast<float4*>(qf) + int(it & 1) * kWarps * kV4 * 32;  // [warp][v4][lane]
+      float4* xb = reinterpret_cast<float4*>(qf) + int(it & 1) * W * kV4 * 32;  // [warp][v4][lane]
       float4* mine = xb + warp * kV4 * 32 + lane;
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt)
@@ -1167,11 +1208,13 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
         }
       }
     }
+    if constexpr (kPl) cur = nxt, nxt = __shfl_sync(0xffffffffu, taken, 0);
   }
 
   // ---- merge the warps into one partial per row ----------------------------------------------
 #if QSDPA_MMA_TRACE
-  if (unsigned long long* e = trace_record(a); e && lane == 0) e[kTraceWarp0 + warp] = global_ns();  // (this warp's loop)
+  // (this warp's loop; the pool's blocks record their first kWarps warps)
+  if (unsigned long long* e = trace_record(a); e && lane == 0 && warp < kWarps) e[kTraceWarp0 + warp] = global_ns();
 #endif
   cp_wait<0>();
   __syncthreads();
@@ -1224,7 +1267,7 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
     lw[kRT + lr] = mx;
   }
   __syncthreads();
-  for (int idx = tid; idx < nrows * D; idx += kWarps * 32) {
+  for (int idx = tid; idx < nrows * D; idx += W * 32) {
     const int lr = idx / D, d = idx - lr * D;
     float acc = 0.0f;
 #pragma unroll
@@ -1247,20 +1290,20 @@ __global__ void __launch_bounds__(kWarps * 32, d_split(D) > 1 ? kMinBlocksDSplit
 #endif
   if (kCl) cluster_combine<D, kRT>(a, qc, qc + kRT, qf, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
   // (its scratch space: the warps' states, free once every thread has passed its first barrier)
-  else if (a.counters) merge_if_last<kRT>(a, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
+  else if (a.counters) merge_if_last<kRT, W>(a, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
 #if QSDPA_MMA_TRACE
   if (tid == 0 && a.trace) trace_block(a, tr_start, tr_loop, !kCl && a.counters && *reinterpret_cast<const int*>(smem));
 #endif
 }
 
-// A launch of `kern`'s blocks (dynamic shared memory smem): in clusters of `splits` along y when
+// A launch of `kern`'s blocks (`threads` each, dynamic shared memory smem): in clusters of `splits` along y when
 // splits > 0, as a programmatic dependent of the stream's previous work when pdl; `attr` holds
 // the attributes the config points to.
-inline cudaLaunchConfig_t launch_config(dim3 grid, int smem, cudaStream_t stream, int splits, bool pdl,
+inline cudaLaunchConfig_t launch_config(dim3 grid, int threads, int smem, cudaStream_t stream, int splits, bool pdl,
                                         cudaLaunchAttribute (&attr)[2]) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
-  cfg.blockDim = dim3(kWarps * 32, 1u, 1u);
+  cfg.blockDim = dim3(unsigned(threads), 1u, 1u);
   cfg.dynamicSmemBytes = size_t(smem);
   cfg.stream = stream;
   unsigned n = 0;
@@ -1280,7 +1323,8 @@ inline cudaLaunchConfig_t launch_config(dim3 grid, int smem, cudaStream_t stream
 // Launches one instantiation: grid (B * Hkv * query-row tiles of 8 * NT, num_splits).
 template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, int LAYOUT, int GC>
 cudaError_t launch(const AttnArgs& a, cudaStream_t stream) {
-  using S = Shape<T, BITS, VBITS, D, NT, KDEN, STAGES>;
+  constexpr int W = warps_of(LAYOUT);
+  using S = Shape<T, BITS, VBITS, D, NT, KDEN, STAGES, W>;
   auto* kern = attention_kernel<T, BITS, VBITS, D, NT, KDEN, STAGES, LAYOUT, GC>;
   // The shared-memory opt-in, once per device (devices 0..63; others ask on every launch).
   static std::atomic<uint64_t> opted{0};
@@ -1306,10 +1350,10 @@ cudaError_t launch(const AttnArgs& a, cudaStream_t stream) {
   const int cluster = LAYOUT == kContigCluster ? a.num_splits : 0;
   if (cluster > 0 || a.pdl) {
     cudaLaunchAttribute attr[2];
-    const cudaLaunchConfig_t cfg = launch_config(grid, S::kSmem, stream, cluster, a.pdl != 0, attr);
+    const cudaLaunchConfig_t cfg = launch_config(grid, W * 32, S::kSmem, stream, cluster, a.pdl != 0, attr);
     return cudaLaunchKernelEx(&cfg, kern, a);
   }
-  kern<<<grid, kWarps * 32, S::kSmem, stream>>>(a);
+  kern<<<grid, W * 32, S::kSmem, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -1326,7 +1370,8 @@ int cluster_fits(int splits) {
     return 0;
   }
   cudaLaunchAttribute attr[2];
-  const cudaLaunchConfig_t cfg = launch_config(dim3(1u, unsigned(splits), 1u), S::kSmem, nullptr, splits, false, attr);
+  const cudaLaunchConfig_t cfg =
+      launch_config(dim3(1u, unsigned(splits), 1u), kWarps * 32, S::kSmem, nullptr, splits, false, attr);
   int n = 0;
   if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess) {
     cudaGetLastError();

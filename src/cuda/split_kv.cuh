@@ -84,6 +84,10 @@ struct AttnArgs {
   // and merge in the tensor-core kernel through distributed shared memory, which writes `out` as
   // the combine kernel would (no partials, no combine launch).
   int cluster;
+  // 1: the tensor-core kernel's tile pool (mmak::kContigPool: one block of 16 warps per
+  // multiprocessor, its warps taking the split's tiles from a counter in shared memory); set by
+  // the planner before it asks for the kernel's occupancy, and never with `cluster`.
+  int pool;
   // 1: the device runs sm_90a code (compute capability 9.0): the tensor-core kernel may take its
   // instantiations with a constant group size (attention_mma.cu, fixed_group).
   int sm90a;
@@ -113,6 +117,11 @@ struct AttnArgs {
 // grid): see AttnArgs::trace
 constexpr int kTraceBlockWords = 10;
 constexpr int64_t kTraceMaxBlocks = 1 << 16;
+
+// The tensor-core kernel's token tile (one warp's 32 tokens), and the warps of a block of its tile
+// pool (AttnArgs::pool), for the planner.
+constexpr int kPoolTileTokens = 32;
+constexpr int kPoolBlockWarps = 16;
 
 // The workspace: kInKernelMergeSlots int32 counters first (at a fixed place, so that no call's
 // partials overwrite another call's counters), then the partials (16-byte aligned).

@@ -28,6 +28,13 @@ bool uses_cluster_merge(const AttentionParams& p);
 // whole process; returns the previous setting. Whether attention(p) would take it now.
 bool set_in_kernel_merge(bool on);
 bool uses_in_kernel_merge(const AttentionParams& p);
+// The tensor-core kernel's tile pool (AttnArgs::pool: blocks of 16 warps taking tiles from a
+// counter in shared memory): 0 never, 1 (the default) on problems large enough, 2 wherever its
+// instantiations fit (contiguous caches, 4-bit g64 keys and values, D = 128, at most 8 query rows
+// per KV head, sm_90a), for the whole process; returns the previous mode. Whether attention(p)
+// would take it now on the current device.
+int set_block_pool(int mode);
+bool uses_block_pool(const AttentionParams& p);
 // The number of splits (token ranges merged by the combine) attention(p) would plan on the current
 // device; 0 without a device or with N = 0.
 int planned_splits(const AttentionParams& p);

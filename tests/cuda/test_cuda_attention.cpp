@@ -303,6 +303,87 @@ TEST(CudaAttention, ClusterMergeAndCombineKernel) {
   }
 }
 
+// The tensor-core kernel's tile pool (blocks of 16 warps taking a split's 32-token tiles from a
+// counter in shared memory; 4-bit g64 D = 128, at most 8 rows per KV head, sm_90a): forced on
+// problems of every size, fewer tiles than warps included (10 tiles, 2 tiles), partial last tiles,
+// sinks, windows that skip tiles, masks, one to eight rows per KV head, splits merged in the
+// kernel and by the combine kernel; each case is checked to take the pool (where the device has
+// it) and held to the reference. Then the default choice: the pool on the large shapes only.
+TEST(CudaAttention, TilePoolBlocks) {
+  QSDPA_REQUIRE_CUDA();
+  const bool want = device_takes_sm90a_kernels();
+  struct Restore {
+    int mode = cuda::set_block_pool(2);
+    bool in_kernel = cuda::set_in_kernel_merge(true);
+    ~Restore() {
+      cuda::set_block_pool(mode);
+      cuda::set_in_kernel_merge(in_kernel);
+    }
+  } restore;
+  std::vector<Case> cases;
+  Case c;
+  c.dtype = DType::f16, c.kf = c.vf = {4, 64}, c.D = 128;
+  c.B = 2, c.Hq = 8, c.Hkv = 2, c.N = 300, c.sinks = true;  // 10 tiles for 16 warps, the last partial
+  cases.push_back(c);
+  c = Case{};
+  c.dtype = DType::bf16, c.kf = c.vf = {4, 64}, c.D = 128;
+  c.B = 1, c.Hq = 4, c.Hkv = 1, c.Lq = 2, c.N = 5000, c.window = 700, c.float_mask = true;  // 8 rows
+  cases.push_back(c);
+  c = Case{};
+  c.dtype = DType::f16, c.kf = c.vf = {4, 64}, c.D = 128;
+  c.B = 3, c.Hq = 32, c.Hkv = 8, c.N = 2000, c.bool_mask = MaskKind::u8;
+  cases.push_back(c);
+  c = Case{};
+  c.dtype = DType::bf16, c.kf = c.vf = {4, 64}, c.D = 128;
+  c.B = 2, c.Hq = 1, c.Hkv = 1, c.N = 33, c.sinks = true;  // one row, 2 tiles
+  cases.push_back(c);
+  c = Case{};
+  c.dtype = DType::f16, c.kf = c.vf = {4, 64}, c.D = 128;
+  c.B = 1, c.Hq = 8, c.Hkv = 2, c.Lq = 1, c.N = 40000, c.sinks = true;  // many splits
+  cases.push_back(c);
+  c = Case{};
+  c.dtype = DType::bf16, c.kf = c.vf = {4, 64}, c.D = 128;
+  c.B = 2, c.Hq = 6, c.Hkv = 2, c.Lq = 2, c.N = 3001, c.window = 100, c.bool_mask = MaskKind::u32;  // 6 rows
+  cases.push_back(c);
+  uint64_t seed = 9900;
+  for (bool in_kernel : {true, false}) {
+    cuda::set_in_kernel_merge(in_kernel);
+    for (Case cs : cases) {
+      cs.seed = seed++;
+      test::Problem h(cs);
+      test::DeviceProblem d(h);
+      EXPECT_EQ(cuda::uses_block_pool(d.params()), want) << cs.str();
+      if (want) {
+        EXPECT_FALSE(cuda::uses_cluster_merge(d.params())) << cs.str();
+      }
+      EXPECT_EQ(test::run_cuda_case(cs), "") << (in_kernel ? "in-kernel merge: " : "combine kernel: ") << cs.str();
+    }
+  }
+  // The default (mode 1): the pool where the tiles are many per warp of a full wave, not on the
+  // latency-bound small calls, and never on formats it has no instantiation for.
+  cuda::set_block_pool(1);
+  cuda::set_in_kernel_merge(true);
+  alignas(16) static uint8_t dummy[64];  // (never dereferenced: the plan reads shapes alone)
+  const auto shape = [&](int64_t B, int64_t N, int bits) {
+    AttentionParams p;
+    p.dtype = DType::f16;
+    p.B = B, p.Hq = 32, p.Hkv = 8, p.Lq = 1, p.N = N, p.D = 128;
+    const auto* w = reinterpret_cast<const uint32_t*>(dummy);
+    p.q = dummy, p.out = dummy;
+    p.k = {{bits, 64}, w, dummy, dummy, {}};
+    p.v = {{bits, 64}, w, dummy, dummy, {}};
+    p.backend = Backend::cuda;
+    return p;
+  };
+  EXPECT_EQ(cuda::uses_block_pool(shape(8, 32768, 4)), want);
+  EXPECT_EQ(cuda::uses_block_pool(shape(32, 4096, 4)), want);
+  EXPECT_EQ(cuda::uses_block_pool(shape(1, 131072, 4)), want);
+  EXPECT_FALSE(cuda::uses_block_pool(shape(1, 4096, 4)));
+  EXPECT_FALSE(cuda::uses_block_pool(shape(8, 32768, 8)));
+  cuda::set_block_pool(0);
+  EXPECT_FALSE(cuda::uses_block_pool(shape(8, 32768, 4)));
+}
+
 TEST_P(CudaSweep, PairwiseDesign) {
   QSDPA_REQUIRE_CUDA();
   const auto cases = sweep_cases();

@@ -275,6 +275,11 @@ struct RestoreClusterMerge {
   ~RestoreClusterMerge() { cuda::set_cluster_merge(was); }
 };
 
+struct RestoreBlockPool {
+  int was = cuda::set_block_pool(1);
+  ~RestoreBlockPool() { cuda::set_block_pool(was); }
+};
+
 // Calls one after another on one stream, each reading as its q the out of the call before it.
 // Checks each call against the reference on the input it really had (the previous call's output,
 // fetched): "" or what went wrong.
@@ -294,24 +299,28 @@ std::string check_chain(test::Problem& h, const std::vector<std::vector<uint8_t>
 // placed while the call before it still runs; they must not read q, nor use the shared workspace,
 // before it has finished. A chain of calls with nothing between them, each reading the previous
 // call's out as its q (poisoned, NaN, until written), on every merge path (clusters, in the
-// kernel, the combine kernel), directly and replayed from a graph; and the same with pdl false.
+// kernel, the combine kernel) and the tile pool's blocks (sm_90a), directly and replayed from a
+// graph; and the same with pdl false.
 TEST(CudaRuntime, ChainedCallsWaitForTheirInputs) {
   QSDPA_REQUIRE_CUDA();
   const RestoreInKernelMerge restore_in_kernel;
   const RestoreClusterMerge restore_cluster;
+  const RestoreBlockPool restore_pool;
   constexpr int kCalls = 3;
   Stream st;
   struct Path {
     const char* name;
     int64_t B;
-    bool cluster, in_kernel;
+    bool cluster, in_kernel, pool;
   };
-  for (const Path& path : {Path{"clusters", 1, true, false}, Path{"in-kernel merge", 4, false, true},
-                           Path{"combine kernel", 4, false, false}})
+  for (const Path& path : {Path{"clusters", 1, true, false, false}, Path{"in-kernel merge", 4, false, true, false},
+                           Path{"combine kernel", 4, false, false, false}, Path{"tile pool", 4, false, true, true}})
     for (const bool pdl : {true, false}) {
       SCOPED_TRACE(std::string(path.name) + (pdl ? ", pdl" : ", no pdl"));
+      if (path.pool && !device_takes_sm90a_kernels()) continue;  // (the pool's instantiations are sm_90a's)
       cuda::set_cluster_merge(path.cluster);
       cuda::set_in_kernel_merge(path.in_kernel);
+      cuda::set_block_pool(path.pool ? 2 : 0);
       Case c = many_blocks_case(40);
       c.B = path.B, c.N = path.cluster ? 4096 : 2048;
       test::Problem h(c);
@@ -328,6 +337,7 @@ TEST(CudaRuntime, ChainedCallsWaitForTheirInputs) {
       }
       EXPECT_EQ(cuda::uses_cluster_merge(ps[0]), path.cluster) << c.str();
       EXPECT_EQ(cuda::uses_in_kernel_merge(ps[0]), path.in_kernel) << c.str();
+      EXPECT_EQ(cuda::uses_block_pool(ps[0]), path.pool) << c.str();
       const size_t bytes = attention_workspace_size(ps[0]);
       test::DeviceBuffer ws(bytes);
       CUDA_ASSERT(cudaMemsetAsync(ws.get(), 0, bytes, st.s));

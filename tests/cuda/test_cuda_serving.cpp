@@ -148,6 +148,45 @@ TEST(CudaServingInKernel, EmptySplitsArrive) {
   for (int call = 0; call < 3; ++call) EXPECT_EQ(run_cuda(sc, false), "") << "call " << call << ": " << sc.str();
 }
 
+// The tile pool (forced, cuda::set_block_pool(2)) on capacities past N with per-sequence lengths:
+// splits past a sequence's end (their own arrival path), sequences of 1 and 33 tokens, strided q,
+// broadcast masks, windows, sinks; merged in the kernel (three calls in a row: a counter left
+// non-zero would spoil the next) and by the combine kernel. Where the device has the pool's
+// instantiations (sm_90a) each case is checked to take it.
+TEST(CudaServingPool, CapacitiesAndLengths) {
+  QSDPA_REQUIRE_CUDA();
+  const bool want = device_takes_sm90a_kernels();
+  const int mode = cuda::set_block_pool(2);
+  const bool was = cuda::set_cluster_merge(true), was_in = cuda::set_in_kernel_merge(true);
+  for (int i = 0; i < 6; ++i) {
+    ServingCase sc;
+    sc.c.dtype = i % 2 ? DType::bf16 : DType::f16, sc.c.kf = sc.c.vf = {4, 64};
+    sc.c.B = i < 3 ? 6 : 3, sc.c.Hq = i % 3 == 0 ? 32 : 8, sc.c.Hkv = i % 3 == 0 ? 8 : 4, sc.c.N = 3000 + 997 * i;
+    sc.c.D = 128, sc.c.Lq = i % 3 == 2 ? 2 : 1;
+    sc.c.sinks = i % 2 == 0, sc.c.window = i == 4 ? 900 : 0, sc.c.seed = 660 + uint64_t(i);
+    if (i == 1) sc.c.float_mask = true, sc.mask_broadcast_h = true;
+    sc.kind = CacheKind::capacity, sc.capacity_extra = 64;
+    sc.strided_q = i % 2 == 1;
+    const int32_t N = int32_t(sc.c.N);
+    if (i < 3) sc.kv_lens = {N, 1, N / 4, N, 33, N / 3 + 1};
+    else sc.kv_lens = {N / 2, N, 0};
+    {
+      ServingProblem sp(sc);
+      Mirror m;
+      const AttentionParams p = sp.params(Backend::cuda, m.map());
+      EXPECT_EQ(cuda::uses_block_pool(p), want) << sc.str();
+      EXPECT_TRUE(cuda::uses_in_kernel_merge(p) || !cuda::uses_tensor_cores(p)) << sc.str();
+    }
+    cuda::set_in_kernel_merge(true);
+    for (int call = 0; call < 3; ++call) EXPECT_EQ(run_cuda(sc, true), "") << "in-kernel merge, call " << call << ": " << sc.str();
+    cuda::set_in_kernel_merge(false);
+    EXPECT_EQ(run_cuda(sc, true), "") << "combine kernel: " << sc.str();
+  }
+  cuda::set_block_pool(mode);
+  cuda::set_cluster_merge(was);
+  cuda::set_in_kernel_merge(was_in);
+}
+
 // D = 512 on contiguous caches with capacities past N, per-sequence lengths, strided q and out and
 // broadcast masks, every format: the tensor-core kernel (d-split) on devices of compute capability
 // 9.0 with a build for sm_90a, the generic kernel elsewhere; held to the reference either way.
