@@ -165,7 +165,8 @@ TEST(CudaServingPool, CapacitiesAndLengths) {
     sc.c.D = 128, sc.c.Lq = i % 3 == 2 ? 2 : 1;
     sc.c.sinks = i % 2 == 0, sc.c.window = i == 4 ? 900 : 0, sc.c.seed = 660 + uint64_t(i);
     if (i == 1) sc.c.float_mask = true, sc.mask_broadcast_h = true;
-    sc.kind = CacheKind::capacity, sc.capacity_extra = 64;
+    // (capacities that keep the scale spans' 16-byte phase, as the tensor-core kernel requires)
+    sc.kind = CacheKind::capacity, sc.capacity_extra = 64 + 8 - sc.c.N % 8;
     sc.strided_q = i % 2 == 1;
     const int32_t N = int32_t(sc.c.N);
     if (i < 3) sc.kv_lens = {N, 1, N / 4, N, 33, N / 3 + 1};
