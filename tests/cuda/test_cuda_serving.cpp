@@ -168,9 +168,10 @@ TEST(CudaServingPool, CapacitiesAndLengths) {
     // (capacities that keep the scale spans' 16-byte phase, as the tensor-core kernel requires)
     sc.kind = CacheKind::capacity, sc.capacity_extra = 64 + 8 - sc.c.N % 8;
     sc.strided_q = i % 2 == 1;
-    const int32_t N = int32_t(sc.c.N);
-    if (i < 3) sc.kv_lens = {N, 1, N / 4, N, 33, N / 3 + 1};
+    const int32_t N = int32_t(sc.c.N), L = int32_t(sc.c.Lq);  // (a sequence holds its Lq rows' tokens)
+    if (i < 3) sc.kv_lens = {N, L, N / 4, N, 33, N / 3 + 1};
     else sc.kv_lens = {N / 2, N, 0};
+    cuda::set_in_kernel_merge(true);
     {
       ServingProblem sp(sc);
       Mirror m;
@@ -178,7 +179,6 @@ TEST(CudaServingPool, CapacitiesAndLengths) {
       EXPECT_EQ(cuda::uses_block_pool(p), want) << sc.str();
       EXPECT_TRUE(cuda::uses_in_kernel_merge(p) || !cuda::uses_tensor_cores(p)) << sc.str();
     }
-    cuda::set_in_kernel_merge(true);
     for (int call = 0; call < 3; ++call) EXPECT_EQ(run_cuda(sc, true), "") << "in-kernel merge, call " << call << ": " << sc.str();
     cuda::set_in_kernel_merge(false);
     EXPECT_EQ(run_cuda(sc, true), "") << "combine kernel: " << sc.str();
