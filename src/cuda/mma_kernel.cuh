@@ -4,7 +4,8 @@
 // other warps') through a private cp.async ring, computes the logits of all query rows of the
 // GQA group with mma (tokens on M, rows on N), keeps its own online softmax, accumulates Oᵀ with
 // mma (head dims on M, rows on N), and the 4 warps merge into one split-K partial at the end
-// (split_kv.cuh). D = 512 is d-split instead (Shape below): the 4 warps stream the same tiles,
+// (split_kv.cuh). The tile pool (kContigPool) runs blocks of 16 warps instead, one per
+// multiprocessor, whose warps take their tiles from a counter in shared memory. D = 512 is d-split instead (Shape below): the 4 warps stream the same tiles,
 // 128 head dims each. mma_format.cuh says how packed words become mma operands.
 //
 // Why this shape: at full memory speed a 4-bit cache delivers ~32 elements per SM clock, and the
@@ -540,8 +541,8 @@ __device__ __noinline__ void merge_if_last_cold(const AttnArgs* a, float* scratc
 }
 
 // KDEN: f16 keys as subnormal codes, else as magic-number codes (ignored for bf16). LAYOUT: kContig,
-// kPaged, kPaged16, kAny, kContigCluster or kContigWide (above). GC: the group size, or 0 for
-// a.k_group (above).
+// kPaged, kPaged16, kAny, kContigCluster, kContigWide or kContigPool (above; warps_of(LAYOUT) warps
+// per block). GC: the group size, or 0 for a.k_group (above).
 template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, int LAYOUT, int GC>
 __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, LAYOUT == kContigPool ? 1
                                                : d_split(D) > 1 ? kMinBlocksDSplit
