@@ -627,7 +627,16 @@ TEST(CudaSanitize, Representative) {
   c.dtype = DType::f16, c.kf = {8, 64}, c.vf = {4, 64}, c.B = 1, c.Hq = 16, c.Hkv = 1, c.N = 700, c.D = 512,
   c.sinks = true, c.bool_mask = MaskKind::u8;
   cases.push_back(c);
+  c = Case{};  // a partial last tile whose scale span ends inside a 16-byte piece, at the buffers' end
+  c.dtype = DType::bf16, c.kf = c.vf = {4, 64}, c.B = 2, c.Hq = 1, c.Hkv = 1, c.N = 33, c.D = 128, c.sinks = true;
+  cases.push_back(c);
   for (const Case& cs : cases) EXPECT_EQ(test::run_cuda_case(cs), "") << cs.str();
+  {  // the last case on the tile pool's blocks of 16 warps (where the device has them)
+    const int was = cuda::set_block_pool(2);
+    const std::string r = test::run_cuda_case(cases.back());
+    cuda::set_block_pool(was);
+    EXPECT_EQ(r, "") << "tile pool: " << cases.back().str();
+  }
   {  // the tensor-core case again with its splits merged by the combine kernel, not a cluster
     const bool was = cuda::set_cluster_merge(false);
     const std::string r = test::run_cuda_case(cases[0]);
