@@ -67,18 +67,14 @@ std::atomic<bool> g_cluster_allowed{true};  // cuda::set_cluster_merge (a test h
 #define QSDPA_IN_KERNEL_MERGE 1
 #endif
 std::atomic<bool> g_in_kernel_merge_allowed{QSDPA_IN_KERNEL_MERGE != 0};  // cuda::set_in_kernel_merge (a test hook)
-// The tensor-core kernel's tile pool (AttnArgs::pool; pool_wanted below): 0 never, 1 where the
-// problem is large enough, 2 wherever it fits (cuda::set_block_pool, a test hook).
-// -DQSDPA_MMA_POOL=0 starts with it off (a tuning knob: the same tree without it).
-// The environment variable QSDPA_BLOCK_POOL=0|1|2, read once, sets the starting mode instead (a
+// The tensor-core kernel's tile pool (AttnArgs::pool; pool_wanted below): 0 never, 1 (the
+// default) where the problem is large enough, 2 wherever it fits (cuda::set_block_pool, a test
+// hook). The environment variable QSDPA_BLOCK_POOL=0|1|2, read once, sets the starting mode (a
 // tuning knob: one build timed both ways, scripts/gpu_tune.sh).
-#ifndef QSDPA_MMA_POOL
-#define QSDPA_MMA_POOL 1
-#endif
 int initial_pool_mode() {
   const char* e = std::getenv("QSDPA_BLOCK_POOL");
   if (e && (e[0] == '0' || e[0] == '1' || e[0] == '2') && e[1] == '\0') return e[0] - '0';
-  return QSDPA_MMA_POOL;
+  return 1;
 }
 std::atomic<int> g_pool_mode{initial_pool_mode()};
 // The pool is taken when the call's 32-token tiles are at least this many per warp of a full

@@ -21,7 +21,7 @@ namespace impl {
 // mma_supports), or 512 for the layout kContigWide alone.
 // 2 bits and GC != 0 (a constant group size): D is 128 or 256 only; 2 bits: one n-tile only.
 // The tile pool (kContigPool) has 4-bit keys and values, D = 128 and one n-tile alone
-// (pool_supports, attention_mma.cu).
+// (pool_fits, attention_mma.cu).
 template <int LAYOUT, bool MIXED, int GC, class Fn>
 auto visit(const AttnArgs& a, Fn&& fn) {
   const auto d = [&]<class T, int BITS, int VBITS>() {
