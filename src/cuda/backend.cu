@@ -77,6 +77,14 @@ int initial_pool_mode() {
   return 1;
 }
 std::atomic<int> g_pool_mode{initial_pool_mode()};
+// Whether the tile pool's splits may merge in clusters (mmak::kContigPoolCluster; cluster_merge
+// below): off by default, not yet run on a GPU. QSDPA_POOL_CLUSTER=1 in the environment (read once)
+// or cuda::set_pool_cluster (a test hook) turns it on.
+bool initial_pool_cluster() {
+  const char* e = std::getenv("QSDPA_POOL_CLUSTER");
+  return e && e[0] == '1' && e[1] == '\0';
+}
+std::atomic<bool> g_pool_cluster{initial_pool_cluster()};
 // The pool is taken when the call's 32-token tiles are at least this many per warp of a full
 // wave of its blocks (one of 16 warps per multiprocessor): the latency-bound small calls keep
 // the 4-warp blocks, which spread a few tiles over more blocks ...
@@ -417,7 +425,7 @@ Plan make_plan(AttnArgs& a, const DeviceFacts& f, bool allow_mma = true) {
 bool cluster_merge(const AttnArgs& a, const DeviceFacts& f) {
 #if QSDPA_HAVE_MMA
   if (!g_cluster_allowed.load(std::memory_order_relaxed) || f.cc_major < 9 || a.num_splits > kClusterSplits ||
-      a.pool)
+      (a.pool && !g_pool_cluster.load(std::memory_order_relaxed)))
     return false;
   // ... and when all the clusters are resident at once: a second wave of clusters costs more than
   // the combine (D=256 8-bit, one block per SM: 8 clusters of 16 did not fit, 61.7 -> 97.7 us).
@@ -797,6 +805,8 @@ bool qsdpa::cuda::set_in_kernel_merge(bool on) { return detail::g_in_kernel_merg
 bool qsdpa::cuda::uses_in_kernel_merge(const AttentionParams& p) { return planned_merge(p) == 2; }
 
 int qsdpa::cuda::set_block_pool(int mode) { return detail::g_pool_mode.exchange(mode); }
+
+bool qsdpa::cuda::set_pool_cluster(bool on) { return detail::g_pool_cluster.exchange(on); }
 
 bool qsdpa::cuda::uses_block_pool(const AttentionParams& p) {
   detail::DeviceFacts f;

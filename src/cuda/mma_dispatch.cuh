@@ -7,8 +7,8 @@
 // contiguous caches merging in clusters (kContigCluster, attention_mma_cluster.cu and
 // attention_mma_cluster_mixed.cu); and, for sm_90a, the same with the group size 64 as a constant
 // for the layouts kContig, kPaged, kPaged16 and kContigCluster, D = 512 on contiguous caches
-// (kContigWide), and the tile pool's blocks of 16 warps (kContigPool: 4-bit keys and values,
-// D = 128) (g64/*.cu, compiled for sm_90a alone).
+// (kContigWide), and the tile pool's blocks of 16 warps (kContigPool, and kContigPoolCluster
+// merging in clusters: 4-bit keys and values, D = 128) (g64/*.cu, compiled for sm_90a alone).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -76,6 +76,7 @@ QSDPA_MMAD_EXTERN_BOTH(3, 64)
 QSDPA_MMAD_EXTERN_BOTH(4, 64)
 QSDPA_MMAD_EXTERN_BOTH(5, 64)
 QSDPA_MMAD_EXTERN(6, false, 64)
+QSDPA_MMAD_EXTERN(7, false, 64)
 #undef QSDPA_MMAD_EXTERN_BOTH
 #undef QSDPA_MMAD_EXTERN
 

@@ -20,7 +20,7 @@ namespace impl {
 // query so that both always name the same kernel. D is 64, 128 or 256 (2 bits: 128 or 256;
 // mma_supports), or 512 for the layout kContigWide alone.
 // 2 bits and GC != 0 (a constant group size): D is 128 or 256 only; 2 bits: one n-tile only.
-// The tile pool (kContigPool) has 4-bit keys and values, D = 128 and one n-tile alone
+// The tile pool (kContigPool, kContigPoolCluster) has 4-bit keys and values, D = 128 and one n-tile alone
 // (pool_fits, attention_mma.cu).
 template <int LAYOUT, bool MIXED, int GC, class Fn>
 auto visit(const AttnArgs& a, Fn&& fn) {
@@ -28,7 +28,7 @@ auto visit(const AttnArgs& a, Fn&& fn) {
     const bool two = n_tiles(a) == 2;
     if constexpr (LAYOUT == mmak::kContigWide) {  // D = 512 (the d-split instantiations: one n-tile)
       return fn.template operator()<T, BITS, VBITS, 512, 1>();
-    } else if constexpr (LAYOUT == mmak::kContigPool) {
+    } else if constexpr (mmak::is_pool(LAYOUT)) {
       return fn.template operator()<T, BITS, VBITS, 128, 1>();
     } else {
       if constexpr (BITS != 2 && GC == 0) {
@@ -46,7 +46,7 @@ auto visit(const AttnArgs& a, Fn&& fn) {
   const auto t = [&]<class T>() {
     if constexpr (MIXED) {
       return d.template operator()<T, 8, 4>();
-    } else if constexpr (LAYOUT == mmak::kContigPool) {
+    } else if constexpr (mmak::is_pool(LAYOUT)) {
       return d.template operator()<T, 4, 4>();
     } else {
       return a.k_bits == 4   ? d.template operator()<T, 4, 4>()

@@ -73,11 +73,18 @@ constexpr int kMinBlocksLayout = QSDPA_MMA_MIN_BLOCKS_LAYOUT;  // the same, the 
 //   kContigPool: kContig in blocks of kPoolWarps warps, one per multiprocessor, whose warps take
 //             the split's tiles one at a time from a counter in the block's shared memory
 //             (AttnArgs::pool): a warp that runs faster takes more tiles, so all the warps of
-//             a multiprocessor end within about a tile of each other.
+//             a multiprocessor end within about a tile of each other;
+//   kContigPoolCluster: kContigPool whose splits of a row tile run as one cluster and merge in
+//             the kernel (AttnArgs::pool and AttnArgs::cluster).
 constexpr int kContig = 0, kPaged = 1, kAny = 2, kPaged16 = 3, kContigCluster = 4, kContigWide = 5,
-              kContigPool = 6;
+              kContigPool = 6, kContigPoolCluster = 7;
+// Whether a layout instantiation takes its tiles from the block's pool, and merges in a cluster.
+__host__ __device__ constexpr bool is_pool(int layout) { return layout == kContigPool || layout == kContigPoolCluster; }
+__host__ __device__ constexpr bool is_cluster(int layout) {
+  return layout == kContigCluster || layout == kContigPoolCluster;
+}
 // Warps per block of a layout instantiation.
-__host__ __device__ constexpr int warps_of(int layout) { return layout == kContigPool ? kPoolWarps : kWarps; }
+__host__ __device__ constexpr int warps_of(int layout) { return is_pool(layout) ? kPoolWarps : kWarps; }
 // The group size is a runtime value, so that group ends fall at runtime positions of the unrolled
 // loops over 32-dim blocks. kFoldEveryBlock: the key logits fold the group scale in at the end of
 // every block (more multiply-adds, no branch between the mma of different blocks); else only at
@@ -263,7 +270,7 @@ constexpr bool kClusterCode = true;
 // block r of S combines element pairs r * 128 + tid, stepping by S * 128, of the tile's nrows x D
 // outputs from all S blocks' o, as combine.cu does, and writes them to out. A second cluster
 // barrier keeps every block's shared memory alive until all reads are done.
-template <int D, int RT>
+template <int D, int RT, int W = kWarps>
 __device__ __forceinline__ void cluster_combine(const AttnArgs& a, const float* cm, const float* cl, const float* co,
                                                 float* wgt, int nrows, int r0, int64_t b, int64_t kvh, int rep,
                                                 int Lq) {
@@ -298,7 +305,7 @@ __device__ __forceinline__ void cluster_combine(const AttnArgs& a, const float* 
     for (int s = 0; s < kMaxClusterSplits; ++s) wgt[lr * kMaxClusterSplits + s] = ms[s] * inv;
   }
   __syncthreads();
-  for (int idx = rank * kWarps * 32 + tid; idx < nrows * (D / 2); idx += S * kWarps * 32) {
+  for (int idx = rank * W * 32 + tid; idx < nrows * (D / 2); idx += S * W * 32) {
     const int lr = idx / (D / 2), d = 2 * (idx - lr * (D / 2));
     float2 os[kMaxClusterSplits];
 #pragma unroll
@@ -555,7 +562,7 @@ __device__ __noinline__ void merge_if_last_cold(const AttnArgs* a, float* scratc
 // kPaged, kPaged16, kAny, kContigCluster, kContigWide or kContigPool (above; warps_of(LAYOUT) warps
 // per block). GC: the group size, or 0 for a.k_group (above).
 template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, int LAYOUT, int GC>
-__global__ void __launch_bounds__(warps_of(LAYOUT) * 32, LAYOUT == kContigPool ? 1
+__global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? 1
                                                : d_split(D) > 1 ? kMinBlocksDSplit
                                                : (D >= 256 || NT == 2) ? kMinBlocksWide
                                                : LAYOUT == kContig || LAYOUT == kContigCluster ? kMinBlocks
@@ -566,8 +573,8 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, LAYOUT == kContigPool ?
   using F = typename S::F;
   using FV = typename S::FV;
   using Y = Ty<T>;
-  constexpr bool kCl = kClusterCode && LAYOUT == kContigCluster;  // merge in the cluster (a.cluster)
-  constexpr bool kPl = LAYOUT == kContigPool;  // the warps take their tiles from the block's pool
+  constexpr bool kCl = kClusterCode && is_cluster(LAYOUT);  // merge in the cluster (a.cluster)
+  constexpr bool kPl = is_pool(LAYOUT);  // the warps take their tiles from the block's pool
   static_assert(!kPl || (STAGES == 2 && d_split(D) == 1), "the pool's loop: two stages, one warp per tile");
   constexpr int kRB = S::kRB, kC = S::kC, kKS = S::kKS, kRT = S::kRT, kMT = S::kMT;
   constexpr int kRBV = S::kRBV, kCV = S::kCV, kRBG = S::kRBG, kRBGV = S::kRBGV;
@@ -622,7 +629,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, LAYOUT == kContigPool ?
   if (tb >= te) {  // a split past this sequence's end (per-sequence lengths): no key, nothing else
     if (kCl) {  // the cluster's other splits still merge with this one's (empty) state
       for (int lr = tid; lr < kRT; lr += W * 32) qc[lr] = -INFINITY, qc[kRT + lr] = 0.0f;
-      cluster_combine<D, kRT>(a, qc, qc + kRT, qf, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
+      cluster_combine<D, kRT, W>(a, qc, qc + kRT, qf, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
       return;
     }
     const int64_t rows_all = a.B * a.Hq * a.Lq;
@@ -1314,7 +1321,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, LAYOUT == kContigPool ?
 #if QSDPA_MMA_TRACE
   if (unsigned long long* e = trace_record(a); e && tid == 0) e[kTraceStores] = global_ns();  // (its stores issued)
 #endif
-  if (kCl) cluster_combine<D, kRT>(a, qc, qc + kRT, qf, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
+  if (kCl) cluster_combine<D, kRT, W>(a, qc, qc + kRT, qf, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
   // (its scratch space: the warps' states, free once every thread has passed its first barrier)
   else if (a.counters) merge_if_last<kRT, W>(a, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
 #if QSDPA_MMA_TRACE
@@ -1373,7 +1380,7 @@ cudaError_t launch(const AttnArgs& a, cudaStream_t stream) {
   if (a.B * a.Hkv * row_tiles > int64_t(INT32_MAX)) return cudaErrorInvalidValue;
   const dim3 grid(unsigned(a.B * a.Hkv * row_tiles), unsigned(a.num_splits), 1u);
   // (clusters: the splits of a row tile as one cluster, cluster_fits says they are resident)
-  const int cluster = LAYOUT == kContigCluster ? a.num_splits : 0;
+  const int cluster = is_cluster(LAYOUT) ? a.num_splits : 0;
   if (cluster > 0 || a.pdl) {
     cudaLaunchAttribute attr[2];
     const cudaLaunchConfig_t cfg = launch_config(grid, W * 32, S::kSmem, stream, cluster, a.pdl != 0, attr);
@@ -1387,8 +1394,9 @@ cudaError_t launch(const AttnArgs& a, cudaStream_t stream) {
 // the kernel's attributes set as launch() sets them, plus the non-portable sizes above 8).
 template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, int LAYOUT, int GC>
 int cluster_fits(int splits) {
-  if (!kClusterCode || LAYOUT != kContigCluster) return 0;
-  using S = Shape<T, BITS, VBITS, D, NT, KDEN, STAGES>;
+  if (!kClusterCode || !is_cluster(LAYOUT)) return 0;
+  constexpr int W = warps_of(LAYOUT);
+  using S = Shape<T, BITS, VBITS, D, NT, KDEN, STAGES, W>;
   auto* kern = attention_kernel<T, BITS, VBITS, D, NT, KDEN, STAGES, LAYOUT, GC>;
   if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem) != cudaSuccess ||
       cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
@@ -1397,7 +1405,7 @@ int cluster_fits(int splits) {
   }
   cudaLaunchAttribute attr[2];
   const cudaLaunchConfig_t cfg =
-      launch_config(dim3(1u, unsigned(splits), 1u), kWarps * 32, S::kSmem, nullptr, splits, false, attr);
+      launch_config(dim3(1u, unsigned(splits), 1u), W * 32, S::kSmem, nullptr, splits, false, attr);
   int n = 0;
   if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess) {
     cudaGetLastError();

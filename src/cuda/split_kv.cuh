@@ -86,7 +86,8 @@ struct AttnArgs {
   int cluster;
   // 1: the tensor-core kernel's tile pool (mmak::kContigPool: one block of 16 warps per
   // multiprocessor, its warps taking the split's tiles from a counter in shared memory); set by
-  // the planner before it asks for the kernel's occupancy, and never with `cluster`.
+  // the planner before it asks for the kernel's occupancy; with `cluster` only where allowed
+  // (cuda::set_pool_cluster).
   int pool;
   // 1: the device runs sm_90a code (compute capability 9.0): the tensor-core kernel may take its
   // instantiations with a constant group size (attention_mma.cu, fixed_group).

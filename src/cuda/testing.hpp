@@ -35,6 +35,10 @@ bool uses_in_kernel_merge(const AttentionParams& p);
 // would take it now on the current device.
 int set_block_pool(int mode);
 bool uses_block_pool(const AttentionParams& p);
+// Allows (true) or forbids (false, the default) the tile pool's splits to merge in clusters
+// (sm_90, where they fit as the cluster merge's rule takes them; uses_cluster_merge says whether
+// attention(p) would); returns the previous setting.
+bool set_pool_cluster(bool on);
 // The number of splits (token ranges merged by the combine) attention(p) would plan on the current
 // device; 0 without a device or with N = 0.
 int planned_splits(const AttentionParams& p);

@@ -307,17 +307,20 @@ TEST(CudaAttention, ClusterMergeAndCombineKernel) {
 // counter in shared memory; 4-bit g64 D = 128, at most 8 rows per KV head, sm_90a): forced on
 // problems of every size, fewer tiles than warps included (10 tiles, 2 tiles), partial last tiles,
 // sinks, windows that skip tiles, masks, one to eight rows per KV head, splits merged in the
-// kernel and by the combine kernel; each case is checked to take the pool (where the device has
-// it) and held to the reference. Then the default choice: the pool on the large shapes only.
+// kernel, by the combine kernel and (cuda::set_pool_cluster) in clusters; each case is checked to
+// take the pool (where the device has it) and the merge meant, and held to the reference. Then the
+// default choice: the pool on the large shapes only.
 TEST(CudaAttention, TilePoolBlocks) {
   QSDPA_REQUIRE_CUDA();
   const bool want = device_takes_sm90a_kernels();
   struct Restore {
     int mode = cuda::set_block_pool(2);
     bool in_kernel = cuda::set_in_kernel_merge(true);
+    bool pool_cluster = cuda::set_pool_cluster(false);
     ~Restore() {
       cuda::set_block_pool(mode);
       cuda::set_in_kernel_merge(in_kernel);
+      cuda::set_pool_cluster(pool_cluster);
     }
   } restore;
   std::vector<Case> cases;
@@ -346,18 +349,27 @@ TEST(CudaAttention, TilePoolBlocks) {
   c.B = 2, c.Hq = 6, c.Hkv = 2, c.Lq = 2, c.N = 3001, c.window = 100, c.bool_mask = MaskKind::u32;  // 6 rows
   cases.push_back(c);
   uint64_t seed = 9900;
-  for (bool in_kernel : {true, false}) {
-    cuda::set_in_kernel_merge(in_kernel);
+  int clustered = 0;
+  for (int merge = 0; merge < 3; ++merge) {  // in the kernel, the combine kernel, clusters
+    cuda::set_in_kernel_merge(merge == 0);
+    cuda::set_pool_cluster(merge == 2);
+    const char* how = merge == 0 ? "in-kernel merge: " : merge == 1 ? "combine kernel: " : "clusters allowed: ";
     for (Case cs : cases) {
       cs.seed = seed++;
       test::Problem h(cs);
       test::DeviceProblem d(h);
       EXPECT_EQ(cuda::uses_block_pool(d.params()), want) << cs.str();
-      if (want) {
-        EXPECT_FALSE(cuda::uses_cluster_merge(d.params())) << cs.str();
+      const bool cl = cuda::uses_cluster_merge(d.params());
+      if (want && merge < 2) {
+        EXPECT_FALSE(cl) << how << cs.str();
       }
-      EXPECT_EQ(test::run_cuda_case(cs), "") << (in_kernel ? "in-kernel merge: " : "combine kernel: ") << cs.str();
+      clustered += merge == 2 && cl;
+      EXPECT_EQ(test::run_cuda_case(cs), "") << how << cs.str();
     }
+  }
+  // (the pool's clusters: at most 16 splits, all resident at once; most cases here qualify)
+  if (want) {
+    EXPECT_GE(clustered, 3) << "cases whose pool splits merged in clusters";
   }
   // The default (mode 1): the pool where the tiles are many per warp of a full wave and its blocks
   // fill the SMs in one round, not on the latency-bound small calls nor on grids of two rounds

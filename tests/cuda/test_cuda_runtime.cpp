@@ -277,7 +277,11 @@ struct RestoreClusterMerge {
 
 struct RestoreBlockPool {
   int was = cuda::set_block_pool(1);
-  ~RestoreBlockPool() { cuda::set_block_pool(was); }
+  bool was_cluster = cuda::set_pool_cluster(false);
+  ~RestoreBlockPool() {
+    cuda::set_block_pool(was);
+    cuda::set_pool_cluster(was_cluster);
+  }
 };
 
 // Calls one after another on one stream, each reading as its q the out of the call before it.
@@ -314,13 +318,15 @@ TEST(CudaRuntime, ChainedCallsWaitForTheirInputs) {
     bool cluster, in_kernel, pool;
   };
   for (const Path& path : {Path{"clusters", 1, true, false, false}, Path{"in-kernel merge", 4, false, true, false},
-                           Path{"combine kernel", 4, false, false, false}, Path{"tile pool", 4, false, true, true}})
+                           Path{"combine kernel", 4, false, false, false}, Path{"tile pool", 4, false, true, true},
+                           Path{"tile pool in clusters", 4, true, false, true}})
     for (const bool pdl : {true, false}) {
       SCOPED_TRACE(std::string(path.name) + (pdl ? ", pdl" : ", no pdl"));
       if (path.pool && !device_takes_sm90a_kernels()) continue;  // (the pool's instantiations are sm_90a's)
       cuda::set_cluster_merge(path.cluster);
       cuda::set_in_kernel_merge(path.in_kernel);
       cuda::set_block_pool(path.pool ? 2 : 0);
+      cuda::set_pool_cluster(path.pool && path.cluster);
       Case c = many_blocks_case(40);
       c.B = path.B, c.N = path.cluster ? 4096 : 2048;
       test::Problem h(c);
