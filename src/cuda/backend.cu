@@ -67,24 +67,21 @@ std::atomic<bool> g_cluster_allowed{true};  // cuda::set_cluster_merge (a test h
 #define QSDPA_IN_KERNEL_MERGE 1
 #endif
 std::atomic<bool> g_in_kernel_merge_allowed{QSDPA_IN_KERNEL_MERGE != 0};  // cuda::set_in_kernel_merge (a test hook)
+// A tuning knob from the environment, read once: the variable's value if it is one digit from 0
+// to `most`, else `fallback`.
+int env_digit(const char* name, int most, int fallback) {
+  const char* e = std::getenv(name);
+  return e && e[0] >= '0' && e[0] <= char('0' + most) && e[1] == '\0' ? e[0] - '0' : fallback;
+}
 // The tensor-core kernel's tile pool (AttnArgs::pool; pool_wanted below): 0 never, 1 (the
 // default) where the problem is large enough, 2 wherever it fits (cuda::set_block_pool, a test
-// hook). The environment variable QSDPA_BLOCK_POOL=0|1|2, read once, sets the starting mode (a
-// tuning knob: one build timed both ways, scripts/gpu_tune.sh).
-int initial_pool_mode() {
-  const char* e = std::getenv("QSDPA_BLOCK_POOL");
-  if (e && (e[0] == '0' || e[0] == '1' || e[0] == '2') && e[1] == '\0') return e[0] - '0';
-  return 1;
-}
-std::atomic<int> g_pool_mode{initial_pool_mode()};
+// hook). QSDPA_BLOCK_POOL=0|1|2 in the environment sets the starting mode (one build timed both
+// ways, scripts/gpu_tune.sh).
+std::atomic<int> g_pool_mode{env_digit("QSDPA_BLOCK_POOL", 2, 1)};
 // Whether the tile pool's splits may merge in clusters (mmak::kContigPoolCluster; cluster_merge
-// below): off by default, not yet run on a GPU. QSDPA_POOL_CLUSTER=1 in the environment (read once)
-// or cuda::set_pool_cluster (a test hook) turns it on.
-bool initial_pool_cluster() {
-  const char* e = std::getenv("QSDPA_POOL_CLUSTER");
-  return e && e[0] == '1' && e[1] == '\0';
-}
-std::atomic<bool> g_pool_cluster{initial_pool_cluster()};
+// below): off by default, not yet run on a GPU. QSDPA_POOL_CLUSTER=1 in the environment or
+// cuda::set_pool_cluster (a test hook) turns it on.
+std::atomic<bool> g_pool_cluster{env_digit("QSDPA_POOL_CLUSTER", 1, 0) == 1};
 // The pool is taken when the call's 32-token tiles are at least this many per warp of a full
 // wave of its blocks (one of 16 warps per multiprocessor): the latency-bound small calls keep
 // the 4-warp blocks, which spread a few tiles over more blocks ...
