@@ -157,6 +157,20 @@ if [ -x "$cli" ]; then
   t0=$(elapsed)
   timeout "$(limit 90 5)" "$cli" bench --backend cuda --json >"$out/bench.json" 2>"$out/bench.log"
   say "bench: rc $? in $(($(elapsed) - t0)) s ($(wc -c <"$out/bench.json") bytes of JSON)"
+  # (each shape's time and the library's plan for it: kernel, tile pool, splits, merge)
+  python3 - "$out/bench.json" <<'PY' 2>&1 | sed 's/^/  /' | tee -a "$summary"
+import json, sys
+try:
+    recs = json.load(open(sys.argv[1]))
+except Exception as e:
+    print(f"bench.json unreadable: {e}"); sys.exit(0)
+for r in recs:
+    p = r.get("plan", {})
+    print(f"B={r['B']} Hq={r['Hq']} Hkv={r['Hkv']} Lq={r['Lq']} N={r['N']} D={r['D']} {r['k_bits']}/{r['v_bits']}-bit: "
+          f"{r.get('time_us', 0):.1f} us ({100 * r.get('frac_copy', 0):.1f} %); "
+          f"{'tensor cores' if p.get('tensor_cores') else 'generic'}, pool {p.get('pool_warps', '?')} warps, "
+          f"{p.get('splits', '?')} splits, merge {p.get('merge', '?')}")
+PY
 else
   say "bench: not run ($cli missing)"
 fi

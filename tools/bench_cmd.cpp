@@ -91,6 +91,8 @@ Status bench_one(const BenchOptions& o, Backend backend, const BenchShape& bs, d
   r["gbps"] = gbps;
   r["copy_gbps"] = copy_gbps;
   r["frac_copy"] = gbps / copy_gbps;
+  if (const Runner::Plan pl = runner->plan(); pl.valid)
+    r["plan"] = {{"tensor_cores", pl.tensor_cores}, {"pool_warps", pl.pool_warps}, {"splits", pl.splits}, {"merge", pl.merge}};
 
   if (bs.graph && backend == Backend::cuda) {
     // One call per graph, and a graph of kChain calls one after another (as a decode step's graph

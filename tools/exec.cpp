@@ -12,6 +12,8 @@
 
 #ifdef QSDPA_WITH_CUDA
 #include <cuda_runtime_api.h>
+
+#include "cuda/testing.hpp"
 #endif
 
 namespace qsdpa_cli {
@@ -260,6 +262,21 @@ Status Runner::time(const TimeOptions& o, Timing* t) {
 
 void Runner::set_pdl(bool on) {
   for (auto& p : params_) p.pdl = on;
+}
+
+Runner::Plan Runner::plan() const {
+  Plan pl;
+#ifdef QSDPA_WITH_CUDA
+  if (backend_ != Backend::cuda || params_.empty()) return pl;
+  const qsdpa::AttentionParams& p = params_[0];
+  pl.valid = true;
+  pl.tensor_cores = qsdpa::cuda::uses_tensor_cores(p);
+  const int pool = qsdpa::cuda::planned_pool(p);
+  pl.pool_warps = pool == 1 ? 16 : pool == 2 ? 8 : 0;
+  pl.splits = qsdpa::cuda::planned_splits(p);
+  pl.merge = qsdpa::cuda::uses_cluster_merge(p) ? "cluster" : qsdpa::cuda::uses_in_kernel_merge(p) ? "in_kernel" : "combine";
+#endif
+  return pl;
 }
 
 Status Runner::time_graph(int warmup, int iters, int chain, double* median_us) {

@@ -48,6 +48,16 @@ class Runner {
   Status time_graph(int warmup, int iters, int chain, double* median_us);
   // AttentionParams::pdl of every copy's call (default true).
   void set_pdl(bool on);
+  // CUDA only: how the library plans copy 0's call on the current device (the tensor-core kernel
+  // or the generic one, the tile pool's block size, the splits, the merge), as the record's
+  // "plan"; empty elsewhere.
+  struct Plan {
+    bool valid = false, tensor_cores = false;
+    int pool_warps = 0;  // 0: no tile pool; 16 or 8 warps per block
+    int splits = 0;
+    const char* merge = "";  // "cluster", "in_kernel", "combine"
+  };
+  Plan plan() const;
   // The output of copy 0 on the host ([B, Hq, Lq, D] T).
   Status output(std::vector<uint8_t>* out);
 

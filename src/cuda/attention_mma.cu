@@ -76,16 +76,17 @@ bool pool_fits(const AttnArgs& a) {
 
 // Calls fn.template operator()<LAYOUT, GC>() for the instantiation that reads `a`: its layout (the
 // cluster-merge one when a.cluster: contiguous caches only, mma_max_clusters; the tile pool's when
-// a.pool, which pool_fits, merging in clusters when a.cluster too) and its group size. MIXED: 8-bit
-// keys with 4-bit values (no pool).
+// a.pool, which pool_fits: blocks of 8 warps for a.pool 2, else of 16, merging in clusters when
+// a.cluster too) and its group size. MIXED: 8-bit keys with 4-bit values (no pool).
 template <bool MIXED, class Fn>
 auto with_layout(const AttnArgs& a, Fn&& fn) {
   const int kind = layout_kind(a);
   return with_group(a, kind, [&]<int GC>() {
     if constexpr (!MIXED && GC != 0)
       if (a.pool)
-        return a.cluster ? fn.template operator()<mmak::kContigPoolCluster, GC>()
-                         : fn.template operator()<mmak::kContigPool, GC>();
+        return a.pool == 2   ? fn.template operator()<mmak::kContigPoolPair, GC>()
+               : a.cluster ? fn.template operator()<mmak::kContigPoolCluster, GC>()
+                           : fn.template operator()<mmak::kContigPool, GC>();
     if (a.cluster) return fn.template operator()<mmak::kContigCluster, GC>();
     switch (kind) {
       case mmak::kContig: return fn.template operator()<mmak::kContig, GC>();
@@ -104,11 +105,12 @@ int resident_for(const AttnArgs& a) {
   return with_layout<MIXED>(a, [&]<int L, int GC>() { return mmad::resident<L, MIXED, GC>(a); });
 }
 
-// (contiguous caches only: the cluster merge has instantiations of kContig alone)
+// (contiguous caches only: the cluster merge has instantiations of kContig alone, and of the
+// tile pool's blocks of 16 warps)
 template <bool MIXED>
 int cluster_for(const AttnArgs& a, int splits) {
   const int kind = layout_kind(a);
-  if (kind != mmak::kContig) return 0;
+  if (kind != mmak::kContig || a.pool == 2) return 0;
   return with_group(a, kind, [&]<int GC>() {
     if constexpr (!MIXED && GC != 0)
       if (a.pool) return mmad::cluster_ok<mmak::kContigPoolCluster, MIXED, GC>(a, splits);
@@ -169,7 +171,7 @@ int mma_blocks_per_sm(const AttnArgs& a) {
 
 cudaError_t mma_launch(const AttnArgs& a, cudaStream_t s) {
   if (!mma_supports(a) || a.chunk <= 0 || a.chunk % mmak::kBlockTokens != 0 || a.num_splits > 65535 ||
-      (a.pool && !pool_fits(a)))
+      (a.pool && !pool_fits(a)) || a.pool < 0 || a.pool > 2 || (a.pool == 2 && a.cluster))
     return cudaErrorInvalidValue;
   if (a.num_splits <= 0 || a.B * a.Hkv == 0) return cudaSuccess;
   return mixed(a) ? launch_for<true>(a, s) : launch_for<false>(a, s);

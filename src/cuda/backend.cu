@@ -74,22 +74,26 @@ int env_digit(const char* name, int most, int fallback) {
   return e && e[0] >= '0' && e[0] <= char('0' + most) && e[1] == '\0' ? e[0] - '0' : fallback;
 }
 // The tensor-core kernel's tile pool (AttnArgs::pool; pool_wanted below): 0 never, 1 (the
-// default) where the problem is large enough, 2 wherever it fits (cuda::set_block_pool, a test
-// hook). QSDPA_BLOCK_POOL=0|1|2 in the environment sets the starting mode (one build timed both
-// ways, scripts/gpu_tune.sh).
-std::atomic<int> g_pool_mode{env_digit("QSDPA_BLOCK_POOL", 2, 1)};
+// default) where the problem is large enough, 2 wherever it fits in blocks of 16 warps, 3 the same
+// in blocks of 8 (2 and 3: cuda::set_block_pool, a test hook). QSDPA_BLOCK_POOL=0..3 in the
+// environment sets the starting mode (one build timed several ways, scripts/gpu_tune.sh).
+std::atomic<int> g_pool_mode{env_digit("QSDPA_BLOCK_POOL", 3, 1)};
 // Whether the tile pool's splits may merge in clusters (mmak::kContigPoolCluster; cluster_merge
-// below): off by default, not yet run on a GPU. QSDPA_POOL_CLUSTER=1 in the environment or
-// cuda::set_pool_cluster (a test hook) turns it on.
-std::atomic<bool> g_pool_cluster{env_digit("QSDPA_POOL_CLUSTER", 1, 0) == 1};
+// below, whose rule then applies): on by default, measured on an H200 (2026-12-02, run 53, 2
+// rounds, the same build): B=8 N=32768 4-bit 85.2 -> 84.2 us per call, graph10 81.6 -> 80.3, the
+// other shapes unchanged. QSDPA_POOL_CLUSTER=0 in the environment or cuda::set_pool_cluster (a
+// test hook) turns it off.
+std::atomic<bool> g_pool_cluster{env_digit("QSDPA_POOL_CLUSTER", 1, 1) == 1};
 // The pool is taken when the call's 32-token tiles are at least this many per warp of a full
-// wave of its blocks (one of 16 warps per multiprocessor): the latency-bound small calls keep
-// the 4-warp blocks, which spread a few tiles over more blocks ...
+// wave of its blocks (16 warps per multiprocessor): the latency-bound small calls keep the 4-warp
+// blocks, which spread a few tiles over more blocks ...
 constexpr int64_t kPoolMinTilesPerWarp = 8;
-// ... and when its blocks fill at least this share of the multiprocessors in one round
-// (units x splits <= SMs): a second round of blocks pays the block's fixed cost again (measured
-// on an H200, 2026-12-02, run 48: B=32 N=4096 4-bit, 256 blocks in two rounds, 61.7 us against
-// 52.1 with the 4-warp blocks), and idle SMs are lost bandwidth.
+// ... and when its blocks fill at least this share of the block slots in one round (units x
+// splits <= slots): a second round of blocks pays the block's fixed cost again (measured on an
+// H200, 2026-12-02, run 48: B=32 N=4096 4-bit, 256 blocks of 16 warps in two rounds, 61.7 us
+// against 52.1 with the 4-warp blocks), and idle SMs are lost bandwidth. Blocks of 16 warps (one
+// slot per SM) where the row tiles are at most the SMs, else blocks of 8 (two slots per SM) where
+// they are at most twice the SMs.
 constexpr double kPoolMinFill = 0.9;
 
 Status error(StatusCode c, std::string msg) { return make_status(c, std::move(msg), Backend::cuda); }
@@ -336,22 +340,26 @@ bool current_device_facts(DeviceFacts* f) {
   return bool(device_facts(dev, f));
 }
 
-// Whether a tensor-core plan of `units` (b, KV head, row tile) triples over `span` tokens takes the
-// tile pool (AttnArgs::pool; g_pool_mode). Measured reason: with 4-warp blocks, several per
-// multiprocessor, the blocks an SM received later ran slower than the first ones (H200 traces,
-// 2026-12-02: a block's warps ended 1.6-1.8 us apart, the blocks of a wave 20 us apart), and the
-// wave ended in a tail; warps of one block that take tiles from one counter end together.
-bool pool_wanted(const AttnArgs& a, int64_t units, int64_t span, int sms) {
+// Which tile pool (AttnArgs::pool: 0 none, 1 blocks of 16 warps, 2 of 8) a tensor-core plan of
+// `units` (b, KV head, row tile) triples over `span` tokens takes (g_pool_mode). Measured reason:
+// with 4-warp blocks, several per multiprocessor, the blocks an SM received later ran slower than
+// the first ones (H200 traces, 2026-12-02: a block's warps ended 1.6-1.8 us apart, the blocks of a
+// wave 20 us apart, B=32 N=4096 10 us apart), and the wave ended in a tail; warps of one block
+// that take tiles from one counter end together.
+int pool_wanted(const AttnArgs& a, int64_t units, int64_t span, int sms) {
 #if QSDPA_HAVE_MMA
   const int mode = g_pool_mode.load(std::memory_order_relaxed);
-  if (mode == 0 || !cuda::mma_pool_fits(a)) return false;
-  if (mode == 2) return true;
+  if (mode == 0 || !cuda::mma_pool_fits(a)) return 0;
+  if (mode >= 2) return mode - 1;
   const int64_t tiles = units * ((span + cuda::kPoolTileTokens - 1) / cuda::kPoolTileTokens);
-  if (units <= 0 || units > sms || tiles < int64_t(sms) * cuda::kPoolBlockWarps * kPoolMinTilesPerWarp) return false;
-  return double(units * (sms / units)) >= kPoolMinFill * sms;  // (the splits of one round)
+  if (units <= 0 || tiles < int64_t(sms) * cuda::kPoolBlockWarps * kPoolMinTilesPerWarp) return 0;
+  // (the splits of one round fill the slots: sms blocks of 16 warps, or 2 sms of 8)
+  const auto fills = [&](int64_t slots) { return double(units * (slots / units)) >= kPoolMinFill * slots; };
+  if (units <= sms) return fills(sms) ? 1 : 0;
+  return units <= 2 * sms && fills(2 * sms) ? 2 : 0;
 #else
   (void)a, (void)units, (void)span, (void)sms;
-  return false;
+  return 0;
 #endif
 }
 
@@ -422,7 +430,7 @@ Plan make_plan(AttnArgs& a, const DeviceFacts& f, bool allow_mma = true) {
 bool cluster_merge(const AttnArgs& a, const DeviceFacts& f) {
 #if QSDPA_HAVE_MMA
   if (!g_cluster_allowed.load(std::memory_order_relaxed) || f.cc_major < 9 || a.num_splits > kClusterSplits ||
-      (a.pool && !g_pool_cluster.load(std::memory_order_relaxed)))
+      a.pool == 2 || (a.pool == 1 && !g_pool_cluster.load(std::memory_order_relaxed)))
     return false;
   // ... and when all the clusters are resident at once: a second wave of clusters costs more than
   // the combine (D=256 8-bit, one block per SM: 8 clusters of 16 did not fit, 61.7 -> 97.7 us).
@@ -805,12 +813,14 @@ int qsdpa::cuda::set_block_pool(int mode) { return detail::g_pool_mode.exchange(
 
 bool qsdpa::cuda::set_pool_cluster(bool on) { return detail::g_pool_cluster.exchange(on); }
 
-bool qsdpa::cuda::uses_block_pool(const AttentionParams& p) {
+int qsdpa::cuda::planned_pool(const AttentionParams& p) {
   detail::DeviceFacts f;
-  if (p.N == 0 || !detail::current_device_facts(&f)) return false;
+  if (p.N == 0 || !detail::current_device_facts(&f)) return 0;
   qsdpa::cuda::AttnArgs a = detail::make_args(p);
-  return detail::make_plan(a, f).use_mma && a.pool;
+  return detail::make_plan(a, f).use_mma ? a.pool : 0;
 }
+
+bool qsdpa::cuda::uses_block_pool(const AttentionParams& p) { return planned_pool(p) != 0; }
 
 int qsdpa::cuda::planned_splits(const AttentionParams& p) {
   detail::DeviceFacts f;

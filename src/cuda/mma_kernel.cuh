@@ -4,8 +4,9 @@
 // other warps') through a private cp.async ring, computes the logits of all query rows of the
 // GQA group with mma (tokens on M, rows on N), keeps its own online softmax, accumulates Oᵀ with
 // mma (head dims on M, rows on N), and the 4 warps merge into one split-K partial at the end
-// (split_kv.cuh). The tile pool (kContigPool) runs blocks of 16 warps instead, one per
-// multiprocessor, whose warps take their tiles from a counter in shared memory. D = 512 is d-split instead (Shape below): the 4 warps stream the same tiles,
+// (split_kv.cuh). The tile pool (kContigPool, kContigPoolPair) runs blocks of 16 warps instead,
+// one per multiprocessor (or of 8, two per multiprocessor), whose warps take their tiles from a
+// counter in shared memory. D = 512 is d-split instead (Shape below): the 4 warps stream the same tiles,
 // 128 head dims each. mma_format.cuh says how packed words become mma operands.
 //
 // Why this shape: at full memory speed a 4-bit cache delivers ~32 elements per SM clock, and the
@@ -75,16 +76,22 @@ constexpr int kMinBlocksLayout = QSDPA_MMA_MIN_BLOCKS_LAYOUT;  // the same, the 
 //             (AttnArgs::pool): a warp that runs faster takes more tiles, so all the warps of
 //             a multiprocessor end within about a tile of each other;
 //   kContigPoolCluster: kContigPool whose splits of a row tile run as one cluster and merge in
-//             the kernel (AttnArgs::pool and AttnArgs::cluster).
+//             the kernel (AttnArgs::pool 1 and AttnArgs::cluster);
+//   kContigPoolPair: kContigPool in blocks of kPoolPairWarps warps, two per multiprocessor
+//             (AttnArgs::pool 2: grids of up to twice as many row tiles as multiprocessors).
 constexpr int kContig = 0, kPaged = 1, kAny = 2, kPaged16 = 3, kContigCluster = 4, kContigWide = 5,
-              kContigPool = 6, kContigPoolCluster = 7;
+              kContigPool = 6, kContigPoolCluster = 7, kContigPoolPair = 8;
 // Whether a layout instantiation takes its tiles from the block's pool, and merges in a cluster.
-__host__ __device__ constexpr bool is_pool(int layout) { return layout == kContigPool || layout == kContigPoolCluster; }
+__host__ __device__ constexpr bool is_pool(int layout) {
+  return layout == kContigPool || layout == kContigPoolCluster || layout == kContigPoolPair;
+}
 __host__ __device__ constexpr bool is_cluster(int layout) {
   return layout == kContigCluster || layout == kContigPoolCluster;
 }
 // Warps per block of a layout instantiation.
-__host__ __device__ constexpr int warps_of(int layout) { return is_pool(layout) ? kPoolWarps : kWarps; }
+__host__ __device__ constexpr int warps_of(int layout) {
+  return layout == kContigPoolPair ? kPoolPairWarps : is_pool(layout) ? kPoolWarps : kWarps;
+}
 // The group size is a runtime value, so that group ends fall at runtime positions of the unrolled
 // loops over 32-dim blocks. kFoldEveryBlock: the key logits fold the group scale in at the end of
 // every block (more multiply-adds, no branch between the mma of different blocks); else only at
@@ -108,12 +115,15 @@ constexpr bool kVScaleEveryPiece = QSDPA_MMA_VSCALE_EVERY != 0;
 // The scale spans' partial last 16-byte piece (a tile whose span does not end at 16 bytes) is
 // copied with cp.async and a source size below 16, which reads only those bytes. compute-sanitizer
 // memcheck (CUDA 13.0) counts that as a 16-byte read, and reports it out of bounds where the span
-// ends a buffer (found on an H200, 2026-12-02: B=2, N=33, 4 bytes of scales per token, the second
-// sequence's last tile: 8 valid bytes at offset 256 of 264). -DQSDPA_MMA_SPAN_TAIL_SYNC=1 reads
-// such a piece of the tile that reaches the split's end with 2-byte loads instead and stores it
-// zero-filled; not yet run on a GPU, and its cost not timed, so it is off by default.
+// ends a buffer (found on an H200, 2026-12-02: B=2, N=33, 4 bytes of scales per token: 8 valid
+// bytes at offset 256 of 264, copied by the second sequence's first tile, whose span of 32 tokens
+// ends 4 bytes into that piece). With QSDPA_MMA_SPAN_TAIL_SYNC=1 (the default) a partial piece
+// whose 16 bytes reach past the split's last scale is read with 2-byte loads instead and stored
+// zero-filled; that is at most one piece per span and split, in the tiles near the split's end.
+// Timed on an H200 (run 53, 2 rounds, the same run; then in the first tiles only): every shape
+// within noise of the cp.async form (headline 85.2 against 85.7 us). 0: the cp.async form.
 #ifndef QSDPA_MMA_SPAN_TAIL_SYNC
-#define QSDPA_MMA_SPAN_TAIL_SYNC 0
+#define QSDPA_MMA_SPAN_TAIL_SYNC 1
 #endif
 constexpr bool kSpanTailSync = QSDPA_MMA_SPAN_TAIL_SYNC != 0;
 // GC (template parameter): the group size as a compile-time constant (kGroupFixed), or 0 for the
@@ -562,7 +572,7 @@ __device__ __noinline__ void merge_if_last_cold(const AttnArgs* a, float* scratc
 // kPaged, kPaged16, kAny, kContigCluster, kContigWide or kContigPool (above; warps_of(LAYOUT) warps
 // per block). GC: the group size, or 0 for a.k_group (above).
 template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, int LAYOUT, int GC>
-__global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? 1
+__global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPoolWarps / warps_of(LAYOUT)
                                                : d_split(D) > 1 ? kMinBlocksDSplit
                                                : (D >= 256 || NT == 2) ? kMinBlocksWide
                                                : LAYOUT == kContig || LAYOUT == kContigCluster ? kMinBlocks
@@ -766,6 +776,9 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? 1
       return;
     }
     const int vlen = soff + int(left < kTW ? left : kTW) * ng * 2;  // valid bytes of the span
+    // bytes from the span's first piece to the split's last scale (more than any piece reaches
+    // when the split goes on for a tile beyond this one)
+    const int vend = left <= 2 * kTW ? soff + int(left) * ng * 2 : INT32_MAX;
     // the piece k = sc_lane_k + 8 j of the span
     const auto span_piece = [&](int j, int k) { return (half && k >= 2 * ngf ? ps2 : ps) + 128 * j; };
     // (unrolled to the most pieces a lane can have: a runtime trip count cost ~60 instructions per
@@ -782,10 +795,10 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? 1
         const int k = sc_lane_k + 8 * j;
         if (k < nch) {
           const int rest = vlen - 16 * k, nb = rest <= 0 ? 0 : rest >= 16 ? 16 : rest;
-          if (kSpanTailSync && nb > 0 && nb < 16 && left <= kTW) {
-            // The span's partial last piece in the tile that reaches te: its valid bytes may end
-            // a buffer (kSpanTailSync above). Read the nb bytes (2-byte units) and store the
-            // piece zero-filled.
+          if (kSpanTailSync && nb > 0 && nb < 16 && 16 * k + 16 > vend) {
+            // A partial piece whose 16 bytes reach past the split's last scale, which may end a
+            // buffer (kSpanTailSync above): read the nb bytes (2-byte units) and store the piece
+            // zero-filled.
             const uint16_t* src = reinterpret_cast<const uint16_t*>(span_piece(j, k));
             uint32_t w[4] = {0u, 0u, 0u, 0u};
 #pragma unroll

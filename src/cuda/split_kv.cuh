@@ -84,10 +84,11 @@ struct AttnArgs {
   // and merge in the tensor-core kernel through distributed shared memory, which writes `out` as
   // the combine kernel would (no partials, no combine launch).
   int cluster;
-  // 1: the tensor-core kernel's tile pool (mmak::kContigPool: one block of 16 warps per
-  // multiprocessor, its warps taking the split's tiles from a counter in shared memory); set by
-  // the planner before it asks for the kernel's occupancy; with `cluster` only where allowed
-  // (cuda::set_pool_cluster).
+  // The tensor-core kernel's tile pool, whose warps take the split's tiles from a counter in the
+  // block's shared memory: 0 none; 1 blocks of 16 warps, one per multiprocessor (mmak::kContigPool,
+  // with `cluster` mmak::kContigPoolCluster, where allowed: cuda::set_pool_cluster); 2 blocks of 8
+  // warps, two per multiprocessor (mmak::kContigPoolPair, never with `cluster`). Set by the
+  // planner before it asks for the kernel's occupancy.
   int pool;
   // 1: the device runs sm_90a code (compute capability 9.0): the tensor-core kernel may take its
   // instantiations with a constant group size (attention_mma.cu, fixed_group).
@@ -120,9 +121,10 @@ constexpr int kTraceBlockWords = 10;
 constexpr int64_t kTraceMaxBlocks = 1 << 16;
 
 // The tensor-core kernel's token tile (one warp's 32 tokens), and the warps of a block of its tile
-// pool (AttnArgs::pool), for the planner.
+// pool (AttnArgs::pool 1: one block per multiprocessor; 2: two of kPoolPairWarps), for the planner.
 constexpr int kPoolTileTokens = 32;
 constexpr int kPoolBlockWarps = 16;
+constexpr int kPoolPairWarps = kPoolBlockWarps / 2;
 
 // The workspace: kInKernelMergeSlots int32 counters first (at a fixed place, so that no call's
 // partials overwrite another call's counters), then the partials (16-byte aligned).

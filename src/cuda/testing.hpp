@@ -28,16 +28,18 @@ bool uses_cluster_merge(const AttentionParams& p);
 // whole process; returns the previous setting. Whether attention(p) would take it now.
 bool set_in_kernel_merge(bool on);
 bool uses_in_kernel_merge(const AttentionParams& p);
-// The tensor-core kernel's tile pool (AttnArgs::pool: blocks of 16 warps taking tiles from a
-// counter in shared memory): 0 never, 1 (the default) on problems large enough, 2 wherever its
-// instantiations fit (contiguous caches, 4-bit g64 keys and values, D = 128, at most 8 query rows
-// per KV head, sm_90a), for the whole process; returns the previous mode. Whether attention(p)
-// would take it now on the current device.
+// The tensor-core kernel's tile pool (AttnArgs::pool: blocks of 16 warps, or of 8, taking tiles
+// from a counter in shared memory): 0 never, 1 (the default) on problems large enough, 2 wherever
+// its instantiations fit (contiguous caches, 4-bit g64 keys and values, D = 128, at most 8 query
+// rows per KV head, sm_90a) in blocks of 16 warps, 3 the same in blocks of 8, for the whole
+// process; returns the previous mode. Whether attention(p) would take it now on the current
+// device, and which (planned_pool: 0 none, 1 blocks of 16 warps, 2 blocks of 8).
 int set_block_pool(int mode);
 bool uses_block_pool(const AttentionParams& p);
-// Allows (true) or forbids (false, the default) the tile pool's splits to merge in clusters
-// (sm_90, where they fit as the cluster merge's rule takes them; uses_cluster_merge says whether
-// attention(p) would); returns the previous setting.
+int planned_pool(const AttentionParams& p);
+// Allows (true, the default) or forbids (false) the tile pool's blocks of 16 warps to merge their
+// splits in clusters (sm_90, where they fit as the cluster merge's rule takes them;
+// uses_cluster_merge says whether attention(p) would); returns the previous setting.
 bool set_pool_cluster(bool on);
 // The number of splits (token ranges merged by the combine) attention(p) would plan on the current
 // device; 0 without a device or with N = 0.

@@ -303,13 +303,14 @@ TEST(CudaAttention, ClusterMergeAndCombineKernel) {
   }
 }
 
-// The tensor-core kernel's tile pool (blocks of 16 warps taking a split's 32-token tiles from a
-// counter in shared memory; 4-bit g64 D = 128, at most 8 rows per KV head, sm_90a): forced on
-// problems of every size, fewer tiles than warps included (10 tiles, 2 tiles), partial last tiles,
-// sinks, windows that skip tiles, masks, one to eight rows per KV head, splits merged in the
-// kernel, by the combine kernel and (cuda::set_pool_cluster) in clusters; each case is checked to
-// take the pool (where the device has it) and the merge meant, and held to the reference. Then the
-// default choice: the pool on the large shapes only.
+// The tensor-core kernel's tile pool (blocks of 16 warps, or of 8, taking a split's 32-token tiles
+// from a counter in shared memory; 4-bit g64 D = 128, at most 8 rows per KV head, sm_90a): forced
+// on problems of every size, fewer tiles than warps included (10 tiles, 2 tiles), partial last
+// tiles, sinks, windows that skip tiles, masks, one to eight rows per KV head, splits merged in the
+// kernel, by the combine kernel and (blocks of 16 warps, cuda::set_pool_cluster) in clusters; each
+// case is checked to take the pool meant (where the device has it) and the merge meant, and held
+// to the reference. Then the default choice: the pool on the large shapes only, blocks of 8 warps
+// where the row tiles are up to twice the SMs.
 TEST(CudaAttention, TilePoolBlocks) {
   QSDPA_REQUIRE_CUDA();
   const bool want = device_takes_sm90a_kernels();
@@ -350,15 +351,21 @@ TEST(CudaAttention, TilePoolBlocks) {
   cases.push_back(c);
   uint64_t seed = 9900;
   int clustered = 0;
-  for (int merge = 0; merge < 3; ++merge) {  // in the kernel, the combine kernel, clusters
+  // blocks of 16 warps: in the kernel, the combine kernel, clusters; blocks of 8: in the kernel,
+  // the combine kernel
+  for (int pass = 0; pass < 5; ++pass) {
+    const bool pair = pass >= 3;
+    const int merge = pair ? pass - 3 : pass;
+    cuda::set_block_pool(pair ? 3 : 2);
     cuda::set_in_kernel_merge(merge == 0);
     cuda::set_pool_cluster(merge == 2);
-    const char* how = merge == 0 ? "in-kernel merge: " : merge == 1 ? "combine kernel: " : "clusters allowed: ";
+    const std::string how = std::string(pair ? "blocks of 8 warps, " : "blocks of 16 warps, ") +
+                            (merge == 0 ? "in-kernel merge: " : merge == 1 ? "combine kernel: " : "clusters allowed: ");
     for (Case cs : cases) {
       cs.seed = seed++;
       test::Problem h(cs);
       test::DeviceProblem d(h);
-      EXPECT_EQ(cuda::uses_block_pool(d.params()), want) << cs.str();
+      EXPECT_EQ(cuda::planned_pool(d.params()), want ? (pair ? 2 : 1) : 0) << how << cs.str();
       const bool cl = cuda::uses_cluster_merge(d.params());
       if (want && merge < 2) {
         EXPECT_FALSE(cl) << how << cs.str();
@@ -372,10 +379,13 @@ TEST(CudaAttention, TilePoolBlocks) {
     EXPECT_GE(clustered, 3) << "cases whose pool splits merged in clusters";
   }
   // The default (mode 1): the pool where the tiles are many per warp of a full wave and its blocks
-  // fill the SMs in one round, not on the latency-bound small calls nor on grids of two rounds
-  // (B=32 N=4096: 256 row tiles), and never on formats it has no instantiation for.
+  // fill the slots in one round: blocks of 16 warps for up to 132 row tiles (on an H200), of 8 for
+  // up to 264 (B=32 N=4096: 256 row tiles); not on the latency-bound small calls nor on grids that
+  // leave many slots idle, and never on formats it has no instantiation for. The blocks of 16
+  // warps merge their splits in clusters by default.
   cuda::set_block_pool(1);
   cuda::set_in_kernel_merge(true);
+  cuda::set_pool_cluster(true);
   alignas(16) static uint8_t dummy[64];  // (never dereferenced: the plan reads shapes alone)
   const auto shape = [&](int64_t B, int64_t N, int bits) {
     AttentionParams p;
@@ -388,10 +398,19 @@ TEST(CudaAttention, TilePoolBlocks) {
     p.backend = Backend::cuda;
     return p;
   };
-  EXPECT_EQ(cuda::uses_block_pool(shape(8, 32768, 4)), want);
-  EXPECT_FALSE(cuda::uses_block_pool(shape(32, 4096, 4)));
-  EXPECT_FALSE(cuda::uses_block_pool(shape(6, 32768, 4)));  // 48 row tiles: 96 of 132 SMs
-  EXPECT_EQ(cuda::uses_block_pool(shape(1, 131072, 4)), want);
+  // (the counts of row tiles below fill the slots of 132 SMs, as an H200 has, or of 128-142)
+  int sms = 0;
+  CUDA_ASSERT(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const bool here = want && sms >= 128 && sms <= 142;
+  EXPECT_EQ(cuda::planned_pool(shape(8, 32768, 4)), here ? 1 : 0) << sms << " SMs";
+  EXPECT_EQ(cuda::uses_cluster_merge(shape(8, 32768, 4)), here) << "64 clusters of 2";
+  EXPECT_EQ(cuda::planned_pool(shape(32, 4096, 4)), here ? 2 : 0);
+  if (here) {
+    EXPECT_EQ(cuda::planned_splits(shape(32, 4096, 4)), 1) << "256 blocks of 8 warps, 2 per SM";
+  }
+  EXPECT_FALSE(cuda::uses_block_pool(shape(6, 32768, 4)));   // 48 row tiles: 96 of 132 SMs
+  EXPECT_FALSE(cuda::uses_block_pool(shape(48, 4096, 4)));  // 384 row tiles: more than 264
+  EXPECT_EQ(cuda::planned_pool(shape(1, 131072, 4)), here ? 1 : 0);
   EXPECT_FALSE(cuda::uses_block_pool(shape(1, 4096, 4)));
   EXPECT_FALSE(cuda::uses_block_pool(shape(8, 32768, 8)));
   cuda::set_block_pool(0);
@@ -643,11 +662,11 @@ TEST(CudaSanitize, Representative) {
   c.dtype = DType::bf16, c.kf = c.vf = {4, 64}, c.B = 2, c.Hq = 1, c.Hkv = 1, c.N = 33, c.D = 128, c.sinks = true;
   cases.push_back(c);
   for (const Case& cs : cases) EXPECT_EQ(test::run_cuda_case(cs), "") << cs.str();
-  {  // the last case on the tile pool's blocks of 16 warps (where the device has them)
-    const int was = cuda::set_block_pool(2);
+  for (const int mode : {2, 3}) {  // the last case on the tile pool's blocks of 16 warps, then of 8
+    const int was = cuda::set_block_pool(mode);
     const std::string r = test::run_cuda_case(cases.back());
     cuda::set_block_pool(was);
-    EXPECT_EQ(r, "") << "tile pool: " << cases.back().str();
+    EXPECT_EQ(r, "") << "tile pool, mode " << mode << ": " << cases.back().str();
   }
   {  // the tensor-core case again with its splits merged by the combine kernel, not a cluster
     const bool was = cuda::set_cluster_merge(false);

@@ -315,17 +315,19 @@ TEST(CudaRuntime, ChainedCallsWaitForTheirInputs) {
   struct Path {
     const char* name;
     int64_t B;
-    bool cluster, in_kernel, pool;
+    bool cluster, in_kernel;
+    int pool;  // cuda::set_block_pool's mode: 0 none, 2 blocks of 16 warps, 3 blocks of 8
   };
-  for (const Path& path : {Path{"clusters", 1, true, false, false}, Path{"in-kernel merge", 4, false, true, false},
-                           Path{"combine kernel", 4, false, false, false}, Path{"tile pool", 4, false, true, true},
-                           Path{"tile pool in clusters", 4, true, false, true}})
+  for (const Path& path : {Path{"clusters", 1, true, false, 0}, Path{"in-kernel merge", 4, false, true, 0},
+                           Path{"combine kernel", 4, false, false, 0}, Path{"tile pool", 4, false, true, 2},
+                           Path{"tile pool in clusters", 8, true, false, 2},
+                           Path{"tile pool, blocks of 8 warps", 4, false, true, 3}})
     for (const bool pdl : {true, false}) {
       SCOPED_TRACE(std::string(path.name) + (pdl ? ", pdl" : ", no pdl"));
       if (path.pool && !device_takes_sm90a_kernels()) continue;  // (the pool's instantiations are sm_90a's)
       cuda::set_cluster_merge(path.cluster);
       cuda::set_in_kernel_merge(path.in_kernel);
-      cuda::set_block_pool(path.pool ? 2 : 0);
+      cuda::set_block_pool(path.pool);
       cuda::set_pool_cluster(path.pool && path.cluster);
       Case c = many_blocks_case(40);
       c.B = path.B, c.N = path.cluster ? 4096 : 2048;
@@ -343,7 +345,7 @@ TEST(CudaRuntime, ChainedCallsWaitForTheirInputs) {
       }
       EXPECT_EQ(cuda::uses_cluster_merge(ps[0]), path.cluster) << c.str();
       EXPECT_EQ(cuda::uses_in_kernel_merge(ps[0]), path.in_kernel) << c.str();
-      EXPECT_EQ(cuda::uses_block_pool(ps[0]), path.pool) << c.str();
+      EXPECT_EQ(cuda::planned_pool(ps[0]), path.pool ? path.pool - 1 : 0) << c.str();
       const size_t bytes = attention_workspace_size(ps[0]);
       test::DeviceBuffer ws(bytes);
       CUDA_ASSERT(cudaMemsetAsync(ws.get(), 0, bytes, st.s));

@@ -151,13 +151,15 @@ TEST(CudaServingInKernel, EmptySplitsArrive) {
 // The tile pool (forced, cuda::set_block_pool(2)) on capacities past N with per-sequence lengths:
 // splits past a sequence's end (their own arrival path), sequences of 1 and 33 tokens, strided q,
 // broadcast masks, windows, sinks; merged in the kernel (three calls in a row: a counter left
-// non-zero would spoil the next) and by the combine kernel. Where the device has the pool's
-// instantiations (sm_90a) each case is checked to take it.
+// non-zero would spoil the next) and by the combine kernel; then in blocks of 8 warps
+// (cuda::set_block_pool(3)), and in blocks of 16 whose splits may merge in clusters. Where the
+// device has the pool's instantiations (sm_90a) each case is checked to take the pool meant.
 TEST(CudaServingPool, CapacitiesAndLengths) {
   QSDPA_REQUIRE_CUDA();
   const bool want = device_takes_sm90a_kernels();
   const int mode = cuda::set_block_pool(2);
   const bool was = cuda::set_cluster_merge(true), was_in = cuda::set_in_kernel_merge(true);
+  const bool was_pool_cluster = cuda::set_pool_cluster(false);
   for (int i = 0; i < 6; ++i) {
     ServingCase sc;
     sc.c.dtype = i % 2 ? DType::bf16 : DType::f16, sc.c.kf = sc.c.vf = {4, 64};
@@ -182,10 +184,23 @@ TEST(CudaServingPool, CapacitiesAndLengths) {
     for (int call = 0; call < 3; ++call) EXPECT_EQ(run_cuda(sc, true), "") << "in-kernel merge, call " << call << ": " << sc.str();
     cuda::set_in_kernel_merge(false);
     EXPECT_EQ(run_cuda(sc, true), "") << "combine kernel: " << sc.str();
+    cuda::set_in_kernel_merge(true);
+    cuda::set_block_pool(3);
+    {
+      ServingProblem sp(sc);
+      Mirror m;
+      EXPECT_EQ(cuda::planned_pool(sp.params(Backend::cuda, m.map())), want ? 2 : 0) << sc.str();
+    }
+    EXPECT_EQ(run_cuda(sc, true), "") << "blocks of 8 warps: " << sc.str();
+    cuda::set_block_pool(2);
+    cuda::set_pool_cluster(true);
+    EXPECT_EQ(run_cuda(sc, true), "") << "clusters allowed: " << sc.str();
+    cuda::set_pool_cluster(false);
   }
   cuda::set_block_pool(mode);
   cuda::set_cluster_merge(was);
   cuda::set_in_kernel_merge(was_in);
+  cuda::set_pool_cluster(was_pool_cluster);
 }
 
 // D = 512 on contiguous caches with capacities past N, per-sequence lengths, strided q and out and
