@@ -47,6 +47,7 @@ mutants=(
   'no-pdl-wait|src/cuda/mma_kernel.cuh|s/^  asm volatile("griddepcontrol.wait;\\n" ::: "memory");$//|the attention kernel, launched as a programmatic dependent, no longer waits for the previous kernel before it reads|test_cuda_runtime@CudaRuntime.ChainedCallsWaitForTheirInputs|g64'
   'pool-twice|src/cuda/mma_kernel.cuh|s/^    if (tid == 0) \*pool = W;/    if (tid == 0) *pool = W - 1;/|the tile pool hands out tile W - 1 twice (one tile counted twice)|'"$tests_pool"'|g64'
   'pool-skip|src/cuda/mma_kernel.cuh|s/^    if (tid == 0) \*pool = W;/    if (tid == 0) *pool = W + 1;/|the tile pool never hands out tile W (one tile lost)|'"$tests_pool"'|g64'
+  'pair-never|src/cuda/backend.cu|s/return units <= 2 \* sms \&\& fills(2 \* sms) ? 2 : 0;/return 0;/|the planner never takes the tile pool'"'"'s blocks of 8 warps (B=32 N=4096 back on 4-warp blocks)|test_cuda_attention@CudaAttention.TilePoolBlocks|all'
   'zeroed-unasked|src/cuda/backend.cu|s/return in_kernel_merge(a, !p.workspace .. p.workspace_zeroed);/return in_kernel_merge(a, true);/|a caller'"'"'s workspace is taken as zero-filled without workspace_zeroed|test_cuda_runtime@'"$tests_rt"'|all'
 )
 # QSDPA_MUTANTS='name name': only these (default: all)

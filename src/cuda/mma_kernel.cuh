@@ -117,11 +117,14 @@ constexpr bool kVScaleEveryPiece = QSDPA_MMA_VSCALE_EVERY != 0;
 // memcheck (CUDA 13.0) counts that as a 16-byte read, and reports it out of bounds where the span
 // ends a buffer (found on an H200, 2026-12-02: B=2, N=33, 4 bytes of scales per token: 8 valid
 // bytes at offset 256 of 264, copied by the second sequence's first tile, whose span of 32 tokens
-// ends 4 bytes into that piece). With QSDPA_MMA_SPAN_TAIL_SYNC=1 (the default) a partial piece
-// whose 16 bytes reach past the split's last scale is read with 2-byte loads instead and stored
-// zero-filled; that is at most one piece per span and split, in the tiles near the split's end.
-// Timed on an H200 (run 53, 2 rounds, the same run; then in the first tiles only): every shape
-// within noise of the cp.async form (headline 85.2 against 85.7 us). 0: the cp.async form.
+// ends 4 bytes into that piece). A tile's pieces reach at most 15 bytes past its span, less than a
+// tile's scales, so only the split's last two tiles can reach past its last scale. With
+// QSDPA_MMA_SPAN_TAIL_SYNC=1 (the default) their partial pieces (one per span and tile) are read
+// with 2-byte loads instead and stored zero-filled. Timed on an H200 (run 53, 2 rounds, the same
+// run, with the test on the last tile alone, whose SASS differs from this one's in one constant):
+// every shape within noise of the cp.async form (headline 85.2 against 85.7 us, Lq=4 117.8 both).
+// A test on the piece's exact end instead (run 54) cost Lq=4 4-bit 2.6 us (120.4). 0: the cp.async
+// form.
 #ifndef QSDPA_MMA_SPAN_TAIL_SYNC
 #define QSDPA_MMA_SPAN_TAIL_SYNC 1
 #endif
@@ -776,9 +779,6 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
       return;
     }
     const int vlen = soff + int(left < kTW ? left : kTW) * ng * 2;  // valid bytes of the span
-    // bytes from the span's first piece to the split's last scale (more than any piece reaches
-    // when the split goes on for a tile beyond this one)
-    const int vend = left <= 2 * kTW ? soff + int(left) * ng * 2 : INT32_MAX;
     // the piece k = sc_lane_k + 8 j of the span
     const auto span_piece = [&](int j, int k) { return (half && k >= 2 * ngf ? ps2 : ps) + 128 * j; };
     // (unrolled to the most pieces a lane can have: a runtime trip count cost ~60 instructions per
@@ -795,10 +795,10 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
         const int k = sc_lane_k + 8 * j;
         if (k < nch) {
           const int rest = vlen - 16 * k, nb = rest <= 0 ? 0 : rest >= 16 ? 16 : rest;
-          if (kSpanTailSync && nb > 0 && nb < 16 && 16 * k + 16 > vend) {
-            // A partial piece whose 16 bytes reach past the split's last scale, which may end a
-            // buffer (kSpanTailSync above): read the nb bytes (2-byte units) and store the piece
-            // zero-filled.
+          if (kSpanTailSync && nb > 0 && nb < 16 && left <= 2 * kTW) {
+            // A partial piece in the split's last two tiles, whose 16 bytes may reach past its
+            // last scale, which may end a buffer (kSpanTailSync above): read the nb bytes (2-byte
+            // units) and store the piece zero-filled.
             const uint16_t* src = reinterpret_cast<const uint16_t*>(span_piece(j, k));
             uint32_t w[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
