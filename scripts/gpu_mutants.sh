@@ -33,6 +33,7 @@ tests_sv='Cases/CudaServingMmaInKernel.*:CudaServingInKernel.*'
 tests_at='CudaAttention.LongCacheManySplits:CudaSanitize.*'
 all_tests="test_cuda_runtime@$tests_rt test_cuda_serving@$tests_sv test_cuda_attention@$tests_at"
 tests_pool='test_cuda_attention@CudaAttention.TilePoolBlocks test_cuda_serving@CudaServingPool.*'
+tests_vf='test_cuda_attention@CudaAttention.ValueScalesOfEveryMagnitude:CudaAttention.BitsGroupsTypesProduct:CudaAttention.TwoBitOnTensorCores:Shards/CudaSweep.*'
 
 # name|file|sed expression|what it breaks|tests (program@filter, space-separated)|scope
 # scope "all" rebuilds every object the change touches; "g64" rebuilds only the instantiations
@@ -48,6 +49,9 @@ mutants=(
   'pool-twice|src/cuda/mma_kernel.cuh|s/^    if (tid == 0) \*pool = W;/    if (tid == 0) *pool = W - 1;/|the tile pool hands out tile W - 1 twice (one tile counted twice)|'"$tests_pool"'|g64'
   'pool-skip|src/cuda/mma_kernel.cuh|s/^    if (tid == 0) \*pool = W;/    if (tid == 0) *pool = W + 1;/|the tile pool never hands out tile W (one tile lost)|'"$tests_pool"'|g64'
   'pair-never|src/cuda/backend.cu|s/return units <= 2 \* sms \&\& fills(2 \* sms) ? 2 : 0;/return 0;/|the planner never takes the tile pool'"'"'s blocks of 8 warps (B=32 N=4096 back on 4-warp blocks)|test_cuda_attention@CudaAttention.TilePoolBlocks|all'
+  'vfold-no-exp|src/cuda/mma_kernel.cuh|s/^      if (__any_sync(0xffffffffu, big) .. __all_sync(0xffffffffu, small)) {$/      if (false) {/|the folded values'"'"' exponent never moves (p s leaves f16'"'"'s range for large or tiny scales)|'"$tests_vf"'|g64'
+  'vfold-no-bias|src/cuda/mma_kernel.cuh|s/^        Y::mma(zacc, A, zb0, zb1);$//|the folded values lose their biases (Σ p z)|'"$tests_vf"'|g64'
+  'vfold-no-lo|src/cuda/mma_kernel.cuh|s/^                Y::mma(o\[dt\]\[nt\], A, pl\[nt\]\[0\], pl\[nt\]\[1\]);$//|the folded weights p s keep their f16 rounding (hi only, no lo)|'"$tests_vf"'|g64'
   'zeroed-unasked|src/cuda/backend.cu|s/return in_kernel_merge(a, !p.workspace .. p.workspace_zeroed);/return in_kernel_merge(a, true);/|a caller'"'"'s workspace is taken as zero-filled without workspace_zeroed|test_cuda_runtime@'"$tests_rt"'|all'
 )
 # QSDPA_MUTANTS='name name': only these (default: all)

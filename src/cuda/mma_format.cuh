@@ -190,6 +190,36 @@ struct Fmt {
       u[2] = u[3] = 0u;
     }
   }
+
+  // ---- values with the scale folded into the weights (f16; mma_kernel.cuh, kVFold) ----------
+  // The same word as vunpack's, as bare codes: each half is the f16 subnormal of the code where
+  // it sits, c * 2^-24 with c = n * vfactor(k) (a nibble in bits 4..7 of its half is 16 n; a
+  // 2-bit code in bits 2j..2j+1, 4^j n), exact, one lop3 (8 bits: one prmt) per pair. Register
+  // u[k] feeds the same rows of the same d-tile as vunpack's u[k], so vdim() holds for both.
+  static constexpr bool kVCodes = !kBf16;
+  __host__ __device__ static constexpr int vfactor(int k) {
+    return BITS == 4 ? ((k & 1) ? 16 : 1) : BITS == 2 ? (1 << (2 * (k & 3))) : 1;
+  }
+  __device__ static __forceinline__ void vcodes(uint32_t x, uint32_t (&u)[kVRegs]) {
+    static_assert(!kBf16, "bare value codes: f16 (subnormal codes)");
+    const uint32_t y = x >> 8;
+    if constexpr (BITS == 2) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {  // codes k (x) and k + 4 (y) of both tokens
+        u[k] = x & (0x00030003u << (2 * k));
+        u[k + 4] = y & (0x00030003u << (2 * k));
+      }
+    } else if constexpr (BITS == 4) {
+      u[0] = x & 0x000f000fu;
+      u[1] = x & 0x00f000f0u;
+      u[2] = y & 0x000f000fu;
+      u[3] = y & 0x00f000f0u;
+    } else {
+      u[0] = __byte_perm(x, 0u, 0x4240);  // bytes 0, 2
+      u[1] = __byte_perm(x, 0u, 0x4341);  // bytes 1, 3
+      u[2] = u[3] = 0u;
+    }
+  }
 };
 
 }  // namespace qsdpa::cuda::mmak

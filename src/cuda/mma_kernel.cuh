@@ -112,6 +112,31 @@ constexpr bool kFoldEveryBlock = QSDPA_MMA_FOLD_EVERY_BLOCK != 0;
 #define QSDPA_MMA_VSCALE_EVERY 1
 #endif
 constexpr bool kVScaleEveryPiece = QSDPA_MMA_VSCALE_EVERY != 0;
+// f16 values with their scale folded into the softmax weights (kVFold): instead of dequantizing
+// every value pair (s n + z: lop3, add, fma per pair), the codes go to the mma bare (Fmt::vcodes:
+// one lop3 per pair) and the weights of each token carry its group's scale: Oᵀ += codes · (p s)ᵀ,
+// with p s split into hi + lo f16 pairs (two mma: p s to about 22 bits, so the scale's rounding
+// does not grow with the codes' offset), and the biases as one more mma per 16 tokens:
+// Σ_t p_t z_t for each group of the warp's dims (A rows = groups, with the same Pᵀ operand). The
+// accumulators then hold Σ p s 2^e n 2^-24 (the codes are subnormals, scaled per row by
+// Fmt::vfactor), turned into Σ p v after the loop. e is a per-warp exponent that keeps p s 2^e
+// inside f16's range for any scale: each tile checks its value scales (|s| 2^e < 2^7, so that
+// p s 2^e < 2^15 with p <= 2^kTau), and a tile outside [2^-6, 2^7) moves e (and rescales the
+// accumulators) as the softmax moves its reference. bf16 keeps the dequantizing path. It costs
+// registers (the biases' accumulator, the exponent) and, with two n-tiles, doubles the most
+// numerous mma: 1 (the default) takes it for one n-tile without the d-split, 2 everywhere, 0
+// nowhere (tuning knobs).
+#ifndef QSDPA_MMA_VFOLD
+#define QSDPA_MMA_VFOLD 1
+#endif
+__host__ __device__ constexpr bool vfold_for(int NT, int D) {
+  return QSDPA_MMA_VFOLD == 2 || (QSDPA_MMA_VFOLD == 1 && NT == 1 && D != 512);
+}
+constexpr int kVExpMin = -14, kVExpMax = 15;  // 2^e as an f16 normal
+// f16 bits of 2^k (k >= -24; 2^15 at most, +inf above)
+__device__ __forceinline__ uint32_t f16_pow2_bits(int k) {
+  return k > 15 ? 0x7c00u : k >= -14 ? uint32_t(k + 15) << 10 : k >= -24 ? 1u << (k + 24) : 0u;
+}
 // The scale spans' partial last 16-byte piece (a tile whose span does not end at 16 bytes) is
 // copied with cp.async and a source size below 16, which reads only those bytes. compute-sanitizer
 // memcheck (CUDA 13.0) counts that as a 16-byte read, and reports it out of bounds where the span
@@ -588,6 +613,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   using Y = Ty<T>;
   constexpr bool kCl = kClusterCode && is_cluster(LAYOUT);  // merge in the cluster (a.cluster)
   constexpr bool kPl = is_pool(LAYOUT);  // the warps take their tiles from the block's pool
+  constexpr bool kVF = vfold_for(NT, D) && FV::kVCodes;  // values folded (kVFold)
   static_assert(!kPl || (STAGES == 2 && d_split(D) == 1), "the pool's loop: two stages, one warp per tile");
   constexpr int kRB = S::kRB, kC = S::kC, kKS = S::kKS, kRT = S::kRT, kMT = S::kMT;
   constexpr int kRBV = S::kRBV, kCV = S::kCV, kRBG = S::kRBG, kRBGV = S::kRBGV;
@@ -979,6 +1005,11 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[dt][nt][e] = 0.0f;
+  // kVFold: Σ_t p_t z_t as one mma accumulator for up to 16 query rows and 8 groups (P on M: rows
+  // g and g + 8 = n-tiles 0 and 1; groups 2c, 2c + 1 on N), and the warp's 2^e as an f16 pair
+  float zacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  uint32_t vexp2 = 0x3C003C00u;
+  static_assert(!kVF || (NT <= 2 && S::kNGW <= 8), "kVFold: the biases' accumulator holds 16 rows, 8 groups");
 
   // Per-lane ldmatrix row offsets: lane l addresses matrix l/8 (token half, piece parity), row l%8.
   uint32_t ldo[kC / 2], ldov[kCV / 2];
@@ -1172,6 +1203,9 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
 #pragma unroll
         for (int e = 0; e < 4; ++e) trig |= y[mt][nt][e] > thr[nt][e & 1];
     if (__any_sync(0xffffffffu, trig)) {  // a new maximum: move the reference, rescale
+      float valpha[NT][2];  // kVFold: each row's factor (1: not moved), for the biases' accumulator
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) valpha[nt][0] = valpha[nt][1] = 1.0f;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -1191,6 +1225,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
               y[mt][nt][e2 + 2] -= dl;
             }
             lsum[nt][e2] *= alpha;
+            if constexpr (kVF) valpha[nt][e2] = alpha;
 #pragma unroll
             for (int dt = 0; dt < kKS; ++dt) {
               o[dt][nt][e2] *= alpha;
@@ -1200,6 +1235,16 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
             thr[nt][e2] = kTau;
           }
         }
+      if constexpr (kVF) {  // row g (n-tile nt) of zacc: row 2 (g/2) + g%2's factor, from lane g/2
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const float a0 = __shfl_sync(0xffffffffu, valpha[nt][0], g >> 1);
+          const float a1 = __shfl_sync(0xffffffffu, valpha[nt][1], g >> 1);
+          const float ag = (g & 1) ? a1 : a0;
+          zacc[2 * nt] *= ag;
+          zacc[2 * nt + 1] *= ag;
+        }
+      }
     }
 
     // p, and Pᵀ as the B operand of Oᵀ += Vᵀ Pᵀ (movmatrix turns the accumulator layout around)
@@ -1218,10 +1263,53 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
         pt[mt][nt][1] = movm_t(Y::pack(p[2], p[3]));
       }
 
-    // ---- Oᵀ += Vᵀ Pᵀ, V dequantized per token pair ---------------------------------------------
+    // ---- kVFold: the tile's value scales against the warp's exponent ---------------------------
+    if constexpr (kVF) {
+      // |s| of the tile's 32 ng value scales (this lane: lane + 32 j), as f16 bits (ordered as
+      // the magnitudes; NaN and inf above every finite one)
+      uint32_t amax = 0u;
+#pragma unroll
+      for (int j = 0; j < S::kNGW; ++j)
+        if (j < ng) amax = max(amax, lds16(svs + uint32_t(2 * (lane + 32 * j))) & 0x7fffu);
+      // (|s| 2^e as f16 bits against 2^7 and 2^-6; no move past the ends of e's range)
+      const uint32_t scaled = Y::mul2(amax, vexp2) & 0xffffu;
+      const bool big = scaled >= 0x5800u && vexp2 != f16_pow2_bits(kVExpMin) * 0x10001u;
+      const bool small = scaled < 0x2400u && vexp2 != f16_pow2_bits(kVExpMax) * 0x10001u;
+      if (__any_sync(0xffffffffu, big) || __all_sync(0xffffffffu, small)) {
+        // e such that the warp's max |s| 2^e lies in [4, 8): the accumulators' units follow
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+        const float mx = Y::to_f32(uint16_t(min(amax, 0x7bffu)));
+        int ex = 0;
+        if (mx > 0.0f) frexpf(mx, &ex);
+        const int en = mx > 0.0f ? max(kVExpMin, min(kVExpMax, 3 - ex)) : kVExpMax;
+        const int vexp = int((vexp2 >> 10) & 31u) - 15;
+        const float f = ldexpf(1.0f, en - vexp);
+#pragma unroll
+        for (int dt = 0; dt < kKS; ++dt)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[dt][nt][e] *= f;
+        vexp2 = f16_pow2_bits(en) * 0x10001u;
+      }
+    }
+
+    // ---- Oᵀ += Vᵀ Pᵀ, V dequantized per token pair (kVFold: bare codes, Pᵀ times the scales) ----
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
+      if constexpr (kVF) {  // Σ_t p_t z_t += P · Z: P as the A operand (Pᵀ's fragments are P's),
+        // Z [16 tokens][8 groups] as B: column g = group g of the warp's dims (0 past ng)
+        const uint32_t zp = svz + mt * rb_mt + rb_c2 + uint32_t(2 * g);
+        const uint32_t zm = g < ng ? 0xffffffffu : 0u;
+        const uint32_t zb0 = (lds16(zp) | (lds16(zp + rb_1) << 16)) & zm;
+        const uint32_t zb1 = (lds16(zp + rb_8) | (lds16(zp + rb_8 + rb_1) << 16)) & zm;
+        const uint32_t A[4] = {pt[mt][0][0], NT > 1 ? pt[mt][NT - 1][0] : 0u, pt[mt][0][1],
+                               NT > 1 ? pt[mt][NT - 1][1] : 0u};
+        Y::mma(zacc, A, zb0, zb1);
+      }
       uint32_t s01 = 0, z01 = 0, s89 = 0, z89 = 0;
+      uint32_t ph[NT][2], pl[NT][2];  // kVFold: Pᵀ times the group's scales, hi and lo
       const uint32_t prow = mt * rb_mt + rb_c2;  // tokens 2c (+1, +8, +9)
       const uint32_t pstep = rb_1, p8 = rb_8;
 #pragma unroll
@@ -1231,6 +1319,35 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
 #pragma unroll
         for (int hc = 0; hc < 2; ++hc) {
           const int ch = 2 * u + hc;
+          if constexpr (kVF) {
+            if (FV::block_start(ch)) {
+              const int blk = FV::block_first(ch);
+              if ((kVScaleEveryPiece && VBITS != 8) || blk == 0 || (blk & bpg_mask) == 0) {  // a new group's weights
+                const uint32_t go = prow + uint32_t((blk >> lbpg) * 2);
+                s01 = Y::mul2(lds16(svs + go) | (lds16(svs + go + pstep) << 16), vexp2);
+                s89 = Y::mul2(lds16(svs + go + p8) | (lds16(svs + go + p8 + pstep) << 16), vexp2);
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                  Y::mul2_split(pt[mt][nt][0], s01, ph[nt][0], pl[nt][0]);
+                  Y::mul2_split(pt[mt][nt][1], s89, ph[nt][1], pl[nt][1]);
+                }
+              }
+            }
+            uint32_t ul[FV::kVRegs], uh[FV::kVRegs];
+            FV::vcodes(w[2 * hc], ul);
+            FV::vcodes(w[2 * hc + 1], uh);
+#pragma unroll
+            for (int t = 0; t < FV::kVTiles; ++t) {
+              const uint32_t A[4] = {ul[2 * t], ul[2 * t + 1], uh[2 * t], uh[2 * t + 1]};
+              const int dt = ch * FV::kVTiles + t;
+#pragma unroll
+              for (int nt = 0; nt < NT; ++nt) {
+                Y::mma(o[dt][nt], A, ph[nt][0], ph[nt][1]);
+                Y::mma(o[dt][nt], A, pl[nt][0], pl[nt][1]);
+              }
+            }
+            continue;
+          }
           if (FV::block_start(ch)) {
             const int blk = FV::block_first(ch);
             if ((kVScaleEveryPiece && VBITS != 8) || blk == 0 || (blk & bpg_mask) == 0) {  // a new group's pairs
@@ -1255,6 +1372,35 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
       }
     }
     if constexpr (kPl) cur = nxt, nxt = __shfl_sync(0xffffffffu, taken, 0);
+  }
+
+  // ---- kVFold: the accumulators back to Σ p v (codes were c 2^-24 with c = n vfactor, weights
+  // p s 2^e), plus Σ p z of the element's group (lane (group, c) holds it)
+  if constexpr (kVF) {
+    const float unit = ldexpf(1.0f, 24 - (int((vexp2 >> 10) & 31u) - 15));
+    // group gg of row 2c + e (n-tile nt) sits in lane (2c + e, gg / 2), element 2 nt + gg % 2
+    float zb[S::kNGW][NT][2];
+#pragma unroll
+    for (int gg = 0; gg < S::kNGW; ++gg)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          zb[gg][nt][e] = __shfl_sync(0xffffffffu, zacc[2 * nt + (gg & 1)], 4 * (2 * c + e) + (gg >> 1));
+#pragma unroll
+    for (int dt = 0; dt < kKS; ++dt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int k = 2 * (dt % FV::kVTiles) + (e >> 1);
+          const int grp = FV::vdim(dt, g + 8 * (e >> 1)) >> (lbpg + 5);
+          float z = zb[0][nt][e & 1];
+#pragma unroll
+          for (int gg = 1; gg < S::kNGW; ++gg)
+            if (grp == gg) z = zb[gg][nt][e & 1];
+          o[dt][nt][e] = fmaf(o[dt][nt][e], unit * (1.0f / float(FV::vfactor(k))), z);
+        }
   }
 
   // ---- merge the warps into one partial per row ----------------------------------------------

@@ -164,6 +164,18 @@ struct Ty<__half> {
     asm("add.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
     return d;
   }
+  // a * b on pairs, rounded (hi), and the exact rest a * b - hi rounded once (lo): hi + lo holds
+  // the product to about 22 bits (mma_kernel.cuh, kVFold).
+  __device__ static __forceinline__ void mul2_split(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {
+    const __half2 ha = u2h(a), hb = u2h(b);
+    const __half2 h = __hmul2(ha, hb);
+    const __half2 l = __hfma2(ha, hb, __hneg2(h));
+    hi = h2u(h);
+    lo = h2u(l);
+  }
+  __device__ static __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) { return h2u(__hmul2(u2h(a), u2h(b))); }
+  __device__ static __forceinline__ __half2 u2h(uint32_t x) { return *reinterpret_cast<const __half2*>(&x); }
+  __device__ static __forceinline__ uint32_t h2u(__half2 x) { return *reinterpret_cast<const uint32_t*>(&x); }
 };
 
 template <>

@@ -213,6 +213,53 @@ TEST(CudaAttention, TwoBitOnTensorCores) {
   EXPECT_EQ(n, 16);
 }
 
+// f16 values whose scales span f16's range, for the kernel that folds the value scales into the
+// softmax weights (kVFold, mma_kernel.cuh: p s must stay inside f16, so each warp keeps an
+// exponent that moves with the scales it meets): the whole cache scaled by 2^12 (scales near
+// 1000: p s past f16's largest value without the exponent), by 2^-13 (scales that are f16
+// subnormals), and a cache whose runs of 48 tokens take 2^-12, 1 and 2^12 in turn, so that the
+// exponent moves up and down inside a split. 2-, 4- and 8-bit values, one and two n-tiles, short
+// and long caches; each case is checked to reach the tensor-core kernel, then held to the
+// reference.
+TEST(CudaAttention, ValueScalesOfEveryMagnitude) {
+  QSDPA_REQUIRE_CUDA();
+  uint64_t seed = 9900;
+  int n = 0;
+  for (int mode = 0; mode < 3; ++mode)
+    for (int bits : {2, 4, 8})
+      for (int64_t N : {int64_t(77), int64_t(3000)}) {
+        Case c;
+        c.dtype = DType::f16;
+        c.kf = c.vf = {bits, 64};
+        c.B = 2, c.Hq = 8, c.Hkv = 2, c.D = 128, c.N = N;
+        c.Lq = n % 2 ? 4 : 1;  // 4 heads per KV head x 4 rows: two n-tiles
+        c.sinks = n % 3 == 1;
+        c.seed = seed++;
+        ++n;
+        test::Problem h(c);
+        const int64_t rows = c.B * c.Hkv * c.N;
+        std::vector<uint8_t> raw = h.v.raw;
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t t = r % c.N;
+          const int e = mode == 0 ? 12 : mode == 1 ? -13 : 12 * int((t / 48) % 3) - 12;
+          for (int64_t d = 0; d < c.D; ++d) {
+            const int64_t i = r * c.D + d;
+            detail::store_f32(raw.data(), c.dtype, i, std::ldexp(detail::load_f32(raw.data(), c.dtype, i), e));
+          }
+        }
+        h.v = test::quantize_host(c.dtype, c.vf, rows, c.D, std::move(raw));
+        test::DeviceProblem d(h);
+        const test::ReferenceCheck check(h.params(Backend::reference));
+        const AttentionParams p = d.params();
+        EXPECT_TRUE(cuda::uses_tensor_cores(p)) << c.str();
+        const Status s = attention(p);
+        ASSERT_TRUE(s) << s.message << " " << c.str();
+        ASSERT_EQ(d.fetch(), "") << c.str();
+        EXPECT_EQ(check(h.out.data()), "") << "mode " << mode << " " << c.str();
+      }
+  EXPECT_EQ(n, 18);
+}
+
 // D = 512 runs on the tensor-core kernel (its d-split instantiations: groups of 64, devices of
 // compute capability 9.0 with a build for sm_90a) in every format: one to 24 query rows per KV
 // head (one to three row tiles), masks, windows, sinks, short and long caches (many
