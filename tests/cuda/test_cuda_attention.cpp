@@ -218,46 +218,49 @@ TEST(CudaAttention, TwoBitOnTensorCores) {
 // exponent that moves with the scales it meets): the whole cache scaled by 2^12 (scales near
 // 1000: p s past f16's largest value without the exponent), by 2^-13 (scales that are f16
 // subnormals), and a cache whose runs of 48 tokens take 2^-12, 1 and 2^12 in turn, so that the
-// exponent moves up and down inside a split. 2-, 4- and 8-bit values, one and two n-tiles, short
-// and long caches; each case is checked to reach the tensor-core kernel, then held to the
+// exponent moves up and down inside a split. 2-, 4- and 8-bit values, D = 128 (one and two
+// n-tiles) and D = 512 (the d-split, where the default build folds), short and long caches; each
+// case is checked to reach the tensor-core kernel where the device has it, then held to the
 // reference.
 TEST(CudaAttention, ValueScalesOfEveryMagnitude) {
   QSDPA_REQUIRE_CUDA();
+  const bool d512 = device_takes_sm90a_kernels();  // (D = 512 on the tensor cores)
   uint64_t seed = 9900;
   int n = 0;
   for (int mode = 0; mode < 3; ++mode)
     for (int bits : {2, 4, 8})
-      for (int64_t N : {int64_t(77), int64_t(3000)}) {
-        Case c;
-        c.dtype = DType::f16;
-        c.kf = c.vf = {bits, 64};
-        c.B = 2, c.Hq = 8, c.Hkv = 2, c.D = 128, c.N = N;
-        c.Lq = n % 2 ? 4 : 1;  // 4 heads per KV head x 4 rows: two n-tiles
-        c.sinks = n % 3 == 1;
-        c.seed = seed++;
-        ++n;
-        test::Problem h(c);
-        const int64_t rows = c.B * c.Hkv * c.N;
-        std::vector<uint8_t> raw = h.v.raw;
-        for (int64_t r = 0; r < rows; ++r) {
-          const int64_t t = r % c.N;
-          const int e = mode == 0 ? 12 : mode == 1 ? -13 : 12 * int((t / 48) % 3) - 12;
-          for (int64_t d = 0; d < c.D; ++d) {
-            const int64_t i = r * c.D + d;
-            detail::store_f32(raw.data(), c.dtype, i, std::ldexp(detail::load_f32(raw.data(), c.dtype, i), e));
+      for (int64_t N : {int64_t(77), int64_t(3000)})
+        for (int64_t D : {int64_t(128), int64_t(512)}) {
+          Case c;
+          c.dtype = DType::f16;
+          c.kf = c.vf = {bits, 64};
+          c.B = 2, c.Hq = 8, c.Hkv = 2, c.D = D, c.N = N;
+          c.Lq = (n / 2) % 2 ? 4 : 1;  // 4 heads per KV head x 4 rows: two n-tiles (D = 512: two row tiles)
+          c.sinks = n % 3 == 1;
+          c.seed = seed++;
+          ++n;
+          test::Problem h(c);
+          const int64_t rows = c.B * c.Hkv * c.N;
+          std::vector<uint8_t> raw = h.v.raw;
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t t = r % c.N;
+            const int e = mode == 0 ? 12 : mode == 1 ? -13 : 12 * int((t / 48) % 3) - 12;
+            for (int64_t d = 0; d < c.D; ++d) {
+              const int64_t i = r * c.D + d;
+              detail::store_f32(raw.data(), c.dtype, i, std::ldexp(detail::load_f32(raw.data(), c.dtype, i), e));
+            }
           }
+          h.v = test::quantize_host(c.dtype, c.vf, rows, c.D, std::move(raw));
+          test::DeviceProblem d(h);
+          const test::ReferenceCheck check(h.params(Backend::reference));
+          const AttentionParams p = d.params();
+          EXPECT_EQ(cuda::uses_tensor_cores(p), D == 128 || d512) << c.str();
+          const Status s = attention(p);
+          ASSERT_TRUE(s) << s.message << " " << c.str();
+          ASSERT_EQ(d.fetch(), "") << c.str();
+          EXPECT_EQ(check(h.out.data()), "") << "mode " << mode << " " << c.str();
         }
-        h.v = test::quantize_host(c.dtype, c.vf, rows, c.D, std::move(raw));
-        test::DeviceProblem d(h);
-        const test::ReferenceCheck check(h.params(Backend::reference));
-        const AttentionParams p = d.params();
-        EXPECT_TRUE(cuda::uses_tensor_cores(p)) << c.str();
-        const Status s = attention(p);
-        ASSERT_TRUE(s) << s.message << " " << c.str();
-        ASSERT_EQ(d.fetch(), "") << c.str();
-        EXPECT_EQ(check(h.out.data()), "") << "mode " << mode << " " << c.str();
-      }
-  EXPECT_EQ(n, 18);
+  EXPECT_EQ(n, 36);
 }
 
 // D = 512 runs on the tensor-core kernel (its d-split instantiations: groups of 64, devices of
