@@ -122,18 +122,20 @@ constexpr bool kVScaleEveryPiece = QSDPA_MMA_VSCALE_EVERY != 0;
 // Fmt::vfactor), turned into Σ p v after the loop. e is a per-warp exponent that keeps p s 2^e
 // inside f16's range for any scale: each tile checks its value scales (|s| 2^e < 2^7, so that
 // p s 2^e < 2^15 with p <= 2^kTau), and a tile outside [2^-6, 2^7) moves e (and rescales the
-// accumulators) as the softmax moves its reference. bf16 keeps the dequantizing path. Where it
-// runs (a build-time knob): 1, the default, in the d-split (D = 512) alone; 2 everywhere; 0
-// nowhere. Measured on an H100 (2026-12-02, run 55, 2 interleaved rounds, f16, us per call,
-// everywhere against nowhere): D=512 4-bit 69.8 against 71.5-71.8 (8-bit 76.8 / 76.9), but the
-// D <= 256 kernels were as fast or slower (headline 4-bit 115.5 / 115.1, 2-bit 82.5 / 79.3, D=256
-// 46.7 / 46.5, Lq=4 134.1 / 127.7): ~70 fewer instructions per tile in the common path did not
-// make them faster, and the second mma per d-tile lengthens the accumulators' chains.
+// accumulators) as the softmax moves its reference. bf16 keeps the dequantizing path. Measured
+// (2026-12-02, 2 interleaved rounds each, f16, us per call): on an H100 (run 55, everywhere
+// against nowhere) the D <= 256 kernels were as fast or slower with it (headline 4-bit 115.5 /
+// 115.1, 2-bit 82.5 / 79.3, D=256 46.7 / 46.5, Lq=4 134.1 / 127.7): ~70 fewer instructions per tile
+// in the common path did not make them faster, and the second mma per d-tile lengthens the
+// accumulators' chains. On an H200 (run 56, the d-split alone against nowhere): D=512 4-bit 69.6 /
+// 71.7, 8-bit keys with 4-bit values 72.1 / 75.6, 2-bit 70.6 / 70.7, but 8-bit 76.2 / 74.3. So 1
+// (the default) takes it for the d-split's 4-bit values alone; 2 everywhere, 0 nowhere (tuning
+// knobs).
 #ifndef QSDPA_MMA_VFOLD
 #define QSDPA_MMA_VFOLD 1
 #endif
-__host__ __device__ constexpr bool vfold_for(int D) {
-  return QSDPA_MMA_VFOLD == 2 || (QSDPA_MMA_VFOLD == 1 && D == 512);  // (D = 512: d_split below)
+__host__ __device__ constexpr bool vfold_for(int D, int VBITS) {
+  return QSDPA_MMA_VFOLD == 2 || (QSDPA_MMA_VFOLD == 1 && D == 512 && VBITS == 4);  // (D = 512: d_split below)
 }
 constexpr int kVExpMin = -14, kVExpMax = 15;  // 2^e as an f16 normal
 // f16 bits of 2^k (k >= -24; 2^15 at most, +inf above)
@@ -616,7 +618,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   using Y = Ty<T>;
   constexpr bool kCl = kClusterCode && is_cluster(LAYOUT);  // merge in the cluster (a.cluster)
   constexpr bool kPl = is_pool(LAYOUT);  // the warps take their tiles from the block's pool
-  constexpr bool kVF = vfold_for(D) && FV::kVCodes;  // values folded (kVFold)
+  constexpr bool kVF = vfold_for(D, VBITS) && FV::kVCodes;  // values folded (kVFold)
   static_assert(!kPl || (STAGES == 2 && d_split(D) == 1), "the pool's loop: two stages, one warp per tile");
   constexpr int kRB = S::kRB, kC = S::kC, kKS = S::kKS, kRT = S::kRT, kMT = S::kMT;
   constexpr int kRBV = S::kRBV, kCV = S::kCV, kRBG = S::kRBG, kRBGV = S::kRBGV;
