@@ -21,9 +21,11 @@
 // of two consecutive tokens (2c, 2c+1): pairs of TOKENS, as the A operand of Oᵀ = Vᵀ·Pᵀ wants.
 // They are dequantized in T with one fma per pair (s n + z, exact n, one rounding): the rounding
 // averages out in the weighted sum and keeps T's range. Folding s into p instead (p s per token
-// and group in Pᵀ, Σ p z apart) was measured on an H200: 6 % slower, and 3-7x the error, because
-// the rounding of the s n and z terms, each about as large as the group's extreme, no longer
-// cancels (2.4e-3 relative error for f16 with one group per row: over the 2e-3 bound).
+// and group in Pᵀ, Σ p z apart) was measured on an H200 in a first form (2026-11-29): 6 % slower,
+// and 3-7x the error, because the rounding of the s n and z terms, each about as large as the
+// group's extreme, no longer cancels (2.4e-3 relative error for f16 with one group per row: over
+// the 2e-3 bound). The kernel's kVFold (mma_kernel.cuh) is the form that keeps this path's error
+// (p s as hi + lo, bare subnormal codes: vcodes below); it runs where it was measured faster.
 #pragma once
 
 #include "mma_ptx.cuh"

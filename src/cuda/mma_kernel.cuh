@@ -117,7 +117,7 @@ constexpr bool kVScaleEveryPiece = QSDPA_MMA_VSCALE_EVERY != 0;
 // one lop3 per pair) and the weights of each token carry its group's scale: Oᵀ += codes · (p s)ᵀ,
 // with p s split into hi + lo f16 pairs (two mma: p s to about 22 bits, so the scale's rounding
 // does not grow with the codes' offset), and the biases as one more mma per 16 tokens:
-// Σ_t p_t z_t for each group of the warp's dims (A rows = groups, with the same Pᵀ operand). The
+// Σ_t p_t z_t for each row and group of the warp's dims (P as the A operand, Z as B). The
 // accumulators then hold Σ p s 2^e n 2^-24 (the codes are subnormals, scaled per row by
 // Fmt::vfactor), turned into Σ p v after the loop. e is a per-warp exponent that keeps p s 2^e
 // inside f16's range for any scale: each tile checks its value scales (|s| 2^e < 2^7, so that
