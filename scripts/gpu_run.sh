@@ -7,8 +7,9 @@
 #   scripts/gpu_run.sh OUTDIR            # on the GPU machine, from anywhere
 #
 # Everything lands in OUTDIR: summary.txt, bench.json, with QSDPA_GPU_SERVING=1 serving.jsonl and
-# cpu.txt, with QSDPA_GPU_NCU=1 ncu.txt, with QSDPA_GPU_TUNE tune.jsonl, and logs.tgz (build, ctest,
-# sanitizer, bench, nvidia-smi and the other logs, with QSDPA_GPU_NCU_SOURCE=1 also the executed
+# cpu.txt, with QSDPA_GPU_NCU=1 ncu.txt, with QSDPA_GPU_NCU_STALLS=1 ncu_stalls.txt (the warp
+# states of the shapes that miss their targets), with QSDPA_GPU_TUNE tune.jsonl, and logs.tgz (build,
+# ctest, sanitizer, bench, nvidia-smi and the other logs, with QSDPA_GPU_NCU_SOURCE=1 also the executed
 # instructions per SASS line of the headline kernel, ncu_source.csv; QSDPA_GPU_PACK=0 leaves them
 # as plain files), with QSDPA_GPU_TRACE=1 trace.txt and traces.tgz (per-block timelines of a
 # -DQSDPA_MMA_TRACE=1 build on the bench's shapes). QSDPA_GPU_CUDA_FLAGS builds the main build (and
@@ -250,6 +251,34 @@ if [ "${QSDPA_GPU_NCU_SOURCE:-0}" = 1 ] && [ -x "$cli" ] && command -v ncu >/dev
   } >"$out/ncu_source.log" 2>&1
   say "ncu source counts: rc $? in $(($(elapsed) - t0)) s ($(wc -l <"$out/ncu_source.csv" 2>/dev/null || echo 0) lines)"
   rm -f "$out/ncu_src.ncu-rep"
+fi
+
+# ---- stall breakdown of the attention kernel (QSDPA_GPU_NCU_STALLS=1): ncu's warp states,
+# scheduler statistics and occupancy on the shapes of QSDPA_GPU_NCU_STALL_SHAPES ('name|bench
+# flags' lines), for the main build and for each tuning variant named in
+# QSDPA_GPU_NCU_STALL_VARIANTS (built by QSDPA_GPU_TUNE), in ncu_stalls.txt: what the warps of
+# the shapes that miss their targets wait on (PERF.md, runs 55-57) -------------------------------
+if [ "${QSDPA_GPU_NCU_STALLS:-0}" = 1 ] && [ -x "$cli" ] && command -v ncu >/dev/null; then
+  t0=$(elapsed)
+  {
+    for v in base ${QSDPA_GPU_NCU_STALL_VARIANTS:-}; do
+      vbin="$cli"
+      [ "$v" != base ] && vbin="build-tune-$v/tools/qsdpa"
+      if [ ! -x "$vbin" ]; then echo "===== $v: $vbin missing"; continue; fi
+      while IFS='|' read -r name shape; do
+        [ -z "$name" ] && continue
+        [ "$(limit 60 20)" -lt 30 ] && break
+        echo "===== $v: $name ($shape) ====="
+        timeout "$(limit 60 20)" ncu --clock-control none -k regex:attention_kernel --launch-skip 12 --launch-count 1 \
+          --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
+          "$vbin" bench --backend cuda --no-torch $shape --iters 5
+      done <<<"${QSDPA_GPU_NCU_STALL_SHAPES:-d256|--B 4 --Hq 16 --Hkv 2 --D 256 --N 32768 --bits 4
+b8q2|--B 8 --N 32768 --bits 2
+lq4|--B 8 --N 32768 --Lq 4 --bits 4
+b8|--B 8 --N 32768 --bits 4}"
+    done
+  } >"$out/ncu_stalls.txt" 2>&1
+  say "ncu stalls: rc $? in $(($(elapsed) - t0)) s"
 fi
 
 # ---- tuning variants (QSDPA_GPU_TUNE='name=flags ...', rounds QSDPA_GPU_TUNE_ROUNDS) ----------
