@@ -138,10 +138,11 @@ __host__ __device__ constexpr bool vfold_for(int D, int VBITS) {
   return QSDPA_MMA_VFOLD == 2 || (QSDPA_MMA_VFOLD == 1 && D == 512 && VBITS == 4);  // (D = 512: d_split below)
 }
 constexpr int kVExpMin = -14, kVExpMax = 15;  // 2^e as an f16 normal
-// f16 bits of 2^k (k >= -24; 2^15 at most, +inf above)
-__device__ __forceinline__ uint32_t f16_pow2_bits(int k) {
+// f16 bits of 2^k (k >= -24; 2^15 at most, +inf above), and k from the bits of a normal 2^k
+__host__ __device__ constexpr uint32_t f16_pow2_bits(int k) {
   return k > 15 ? 0x7c00u : k >= -14 ? uint32_t(k + 15) << 10 : k >= -24 ? 1u << (k + 24) : 0u;
 }
+__host__ __device__ constexpr int f16_pow2_exp(uint32_t bits) { return int((bits >> 10) & 31u) - 15; }
 // The scale spans' partial last 16-byte piece (a tile whose span does not end at 16 bytes) is
 // copied with cp.async and a source size below 16, which reads only those bytes. compute-sanitizer
 // memcheck (CUDA 13.0) counts that as a 16-byte read, and reports it out of bounds where the span
@@ -1278,8 +1279,8 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
         if (j < ng) amax = max(amax, lds16(svs + uint32_t(2 * (lane + 32 * j))) & 0x7fffu);
       // (|s| 2^e as f16 bits against 2^7 and 2^-6; no move past the ends of e's range)
       const uint32_t scaled = Y::mul2(amax, vexp2) & 0xffffu;
-      const bool big = scaled >= 0x5800u && vexp2 != f16_pow2_bits(kVExpMin) * 0x10001u;
-      const bool small = scaled < 0x2400u && vexp2 != f16_pow2_bits(kVExpMax) * 0x10001u;
+      const bool big = scaled >= f16_pow2_bits(7) && vexp2 != f16_pow2_bits(kVExpMin) * 0x10001u;
+      const bool small = scaled < f16_pow2_bits(-6) && vexp2 != f16_pow2_bits(kVExpMax) * 0x10001u;
       if (__any_sync(0xffffffffu, big) || __all_sync(0xffffffffu, small)) {
         // e such that the warp's max |s| 2^e lies in [4, 8): the accumulators' units follow
 #pragma unroll
@@ -1288,8 +1289,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
         int ex = 0;
         if (mx > 0.0f) frexpf(mx, &ex);
         const int en = mx > 0.0f ? max(kVExpMin, min(kVExpMax, 3 - ex)) : kVExpMax;
-        const int vexp = int((vexp2 >> 10) & 31u) - 15;
-        const float f = ldexpf(1.0f, en - vexp);
+        const float f = ldexpf(1.0f, en - f16_pow2_exp(vexp2));
 #pragma unroll
         for (int dt = 0; dt < kKS; ++dt)
 #pragma unroll
@@ -1324,11 +1324,11 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
 #pragma unroll
         for (int hc = 0; hc < 2; ++hc) {
           const int ch = 2 * u + hc;
-          if constexpr (kVF) {
-            if (FV::block_start(ch)) {
-              const int blk = FV::block_first(ch);
-              if ((kVScaleEveryPiece && VBITS != 8) || blk == 0 || (blk & bpg_mask) == 0) {  // a new group's weights
-                const uint32_t go = prow + uint32_t((blk >> lbpg) * 2);
+          if (FV::block_start(ch)) {
+            const int blk = FV::block_first(ch);
+            if ((kVScaleEveryPiece && VBITS != 8) || blk == 0 || (blk & bpg_mask) == 0) {  // a new group's pairs
+              const uint32_t go = prow + uint32_t((blk >> lbpg) * 2);
+              if constexpr (kVF) {  // the weights times the group's scales (and 2^e), hi and lo
                 s01 = Y::mul2(lds16(svs + go) | (lds16(svs + go + pstep) << 16), vexp2);
                 s89 = Y::mul2(lds16(svs + go + p8) | (lds16(svs + go + p8 + pstep) << 16), vexp2);
 #pragma unroll
@@ -1336,42 +1336,35 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
                   Y::mul2_split(pt[mt][nt][0], s01, ph[nt][0], pl[nt][0]);
                   Y::mul2_split(pt[mt][nt][1], s89, ph[nt][1], pl[nt][1]);
                 }
+              } else {
+                s01 = lds16(svs + go) | (lds16(svs + go + pstep) << 16);
+                z01 = lds16(svz + go) | (lds16(svz + go + pstep) << 16);
+                s89 = lds16(svs + go + p8) | (lds16(svs + go + p8 + pstep) << 16);
+                z89 = lds16(svz + go + p8) | (lds16(svz + go + p8 + pstep) << 16);
               }
-            }
-            uint32_t ul[FV::kVRegs], uh[FV::kVRegs];
-            FV::vcodes(w[2 * hc], ul);
-            FV::vcodes(w[2 * hc + 1], uh);
-#pragma unroll
-            for (int t = 0; t < FV::kVTiles; ++t) {
-              const uint32_t A[4] = {ul[2 * t], ul[2 * t + 1], uh[2 * t], uh[2 * t + 1]};
-              const int dt = ch * FV::kVTiles + t;
-#pragma unroll
-              for (int nt = 0; nt < NT; ++nt) {
-                Y::mma(o[dt][nt], A, ph[nt][0], ph[nt][1]);
-                Y::mma(o[dt][nt], A, pl[nt][0], pl[nt][1]);
-              }
-            }
-            continue;
-          }
-          if (FV::block_start(ch)) {
-            const int blk = FV::block_first(ch);
-            if ((kVScaleEveryPiece && VBITS != 8) || blk == 0 || (blk & bpg_mask) == 0) {  // a new group's pairs
-              const uint32_t go = prow + uint32_t((blk >> lbpg) * 2);
-              s01 = lds16(svs + go) | (lds16(svs + go + pstep) << 16);
-              z01 = lds16(svz + go) | (lds16(svz + go + pstep) << 16);
-              s89 = lds16(svs + go + p8) | (lds16(svs + go + p8 + pstep) << 16);
-              z89 = lds16(svz + go + p8) | (lds16(svz + go + p8 + pstep) << 16);
             }
           }
           uint32_t ul[FV::kVRegs], uh[FV::kVRegs];
-          FV::vunpack(w[2 * hc], s01, z01, ul);
-          FV::vunpack(w[2 * hc + 1], s89, z89, uh);
+          if constexpr (kVF) {
+            FV::vcodes(w[2 * hc], ul);
+            FV::vcodes(w[2 * hc + 1], uh);
+          } else {
+            FV::vunpack(w[2 * hc], s01, z01, ul);
+            FV::vunpack(w[2 * hc + 1], s89, z89, uh);
+          }
 #pragma unroll
           for (int t = 0; t < FV::kVTiles; ++t) {
             const uint32_t A[4] = {ul[2 * t], ul[2 * t + 1], uh[2 * t], uh[2 * t + 1]};
             const int dt = ch * FV::kVTiles + t;
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) Y::mma(o[dt][nt], A, pt[mt][nt][0], pt[mt][nt][1]);
+            for (int nt = 0; nt < NT; ++nt) {
+              if constexpr (kVF) {
+                Y::mma(o[dt][nt], A, ph[nt][0], ph[nt][1]);
+                Y::mma(o[dt][nt], A, pl[nt][0], pl[nt][1]);
+              } else {
+                Y::mma(o[dt][nt], A, pt[mt][nt][0], pt[mt][nt][1]);
+              }
+            }
           }
         }
       }
@@ -1382,7 +1375,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   // ---- kVFold: the accumulators back to Σ p v (codes were c 2^-24 with c = n vfactor, weights
   // p s 2^e), plus Σ p z of the element's group (lane (group, c) holds it)
   if constexpr (kVF) {
-    const float unit = ldexpf(1.0f, 24 - (int((vexp2 >> 10) & 31u) - 15));
+    const float unit = ldexpf(1.0f, 24 - f16_pow2_exp(vexp2));
     // group gg of row 2c + e (n-tile nt) sits in lane (2c + e, gg / 2), element 2 nt + gg % 2
     float zb[S::kNGW][NT][2];
 #pragma unroll
