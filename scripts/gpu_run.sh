@@ -237,20 +237,30 @@ if [ "${QSDPA_GPU_NCU:-0}" = 1 ] && [ -x "$cli" ] && command -v ncu >/dev/null; 
   say "ncu: rc $? in $(($(elapsed) - t0)) s"
 fi
 
-# ---- executed instructions per SASS line of the headline 4-bit kernel (QSDPA_GPU_NCU_SOURCE=1;
-# another shape: QSDPA_GPU_NCU_SOURCE_SHAPE='--B 8 --N 32768 --Lq 4 --bits 4'): where the issue
-# slots of the token loop go (ncu_source.csv) ------------------------------------------------------
+# ---- executed instructions and stall samples per SASS line of the attention kernel
+# (QSDPA_GPU_NCU_SOURCE=1): where the issue slots and the waits of the token loop go. The shapes:
+# QSDPA_GPU_NCU_SOURCE_SHAPES, 'name|bench flags' lines (default: the headline 4-bit, into
+# ncu_source.csv; a named shape goes to ncu_source_NAME.csv), or the one shape of
+# QSDPA_GPU_NCU_SOURCE_SHAPE (e.g. '--B 8 --N 32768 --Lq 4 --bits 4') --------------------------
 if [ "${QSDPA_GPU_NCU_SOURCE:-0}" = 1 ] && [ -x "$cli" ] && command -v ncu >/dev/null; then
   t0=$(elapsed)
-  {
-    timeout "$(limit 90 20)" ncu --clock-control none -k regex:attention_kernel --launch-skip 12 --launch-count 1 \
-      --section SourceCounters --section InstructionStats -f -o "$out/ncu_src" \
-      "$cli" bench --backend cuda --no-torch ${QSDPA_GPU_NCU_SOURCE_SHAPE:---B 8 --N 32768 --bits 4} --iters 5 &&
-      ncu -i "$out/ncu_src.ncu-rep" --page source --csv --print-source sass >"$out/ncu_source.csv" &&
-      ncu -i "$out/ncu_src.ncu-rep" --page details --section InstructionStats >"$out/ncu_inst.txt"
-  } >"$out/ncu_source.log" 2>&1
-  say "ncu source counts: rc $? in $(($(elapsed) - t0)) s ($(wc -l <"$out/ncu_source.csv" 2>/dev/null || echo 0) lines)"
-  rm -f "$out/ncu_src.ncu-rep"
+  : >"$out/ncu_source.log"
+  while IFS='|' read -r name shape; do
+    [ -z "$shape" ] && continue
+    [ "$(limit 60 20)" -lt 30 ] && break
+    csv="$out/ncu_source${name:+_$name}.csv"
+    {
+      echo "===== ${name:-headline}: $shape ====="
+      timeout "$(limit 90 20)" ncu --clock-control none -k regex:attention_kernel --launch-skip 12 --launch-count 1 \
+        --section SourceCounters --section InstructionStats -f -o "$out/ncu_src" \
+        "$cli" bench --backend cuda --no-torch $shape --iters 5 &&
+        ncu -i "$out/ncu_src.ncu-rep" --page source --csv --print-source sass >"$csv" &&
+        ncu -i "$out/ncu_src.ncu-rep" --page details --section InstructionStats
+    } >>"$out/ncu_source.log" 2>&1
+    say "ncu source counts ${name:-headline}: rc $? ($(wc -l <"$csv" 2>/dev/null || echo 0) lines)"
+    rm -f "$out/ncu_src.ncu-rep"
+  done <<<"${QSDPA_GPU_NCU_SOURCE_SHAPES:-|${QSDPA_GPU_NCU_SOURCE_SHAPE:---B 8 --N 32768 --bits 4}}"
+  say "ncu source counts: $(($(elapsed) - t0)) s"
 fi
 
 # ---- stall breakdown of the attention kernel (QSDPA_GPU_NCU_STALLS=1): ncu's warp states,
@@ -270,8 +280,9 @@ if [ "${QSDPA_GPU_NCU_STALLS:-0}" = 1 ] && [ -x "$cli" ] && command -v ncu >/dev
         [ "$(limit 60 20)" -lt 30 ] && break
         echo "===== $v: $name ($shape) ====="
         timeout "$(limit 60 20)" ncu --clock-control none -k regex:attention_kernel --launch-skip 12 --launch-count 1 \
-          --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
-          "$vbin" bench --backend cuda --no-torch $shape --iters 5
+          --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats --page raw \
+          "$vbin" bench --backend cuda --no-torch $shape --iters 5 |
+          grep -E '=====|attention_kernel|stall|warps_active|warps_eligible|issue_active|inst_issued|inst_executed|registers|occupancy|gpu__time_duration|cycles_active|Error|error'
       done <<<"${QSDPA_GPU_NCU_STALL_SHAPES:-d256|--B 4 --Hq 16 --Hkv 2 --D 256 --N 32768 --bits 4
 b8q2|--B 8 --N 32768 --bits 2
 lq4|--B 8 --N 32768 --Lq 4 --bits 4
@@ -318,7 +329,7 @@ say "total: $(elapsed) s"
 # At most 8 files come back from the GPU machine: the logs travel as one archive.
 if [ "${QSDPA_GPU_PACK:-1}" = 1 ]; then
   (cd "$out" && for f in build.log ctest.log sanitizer.log bench.log nvidia-smi.txt serving.log tune.log \
-    ncu_source.log ncu_source.csv ncu_inst.txt trace.log; do
+    ncu_source.log ncu_source*.csv trace.log; do
     [ -f "$f" ] && echo "$f"; done | xargs -r tar czf logs.tgz --remove-files)
 fi
 exit 0  # (what ran and how it ended is in summary.txt)
