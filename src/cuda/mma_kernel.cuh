@@ -134,8 +134,10 @@ constexpr bool kVScaleEveryPiece = QSDPA_MMA_VSCALE_EVERY != 0;
 #ifndef QSDPA_MMA_VFOLD
 #define QSDPA_MMA_VFOLD 1
 #endif
-__host__ __device__ constexpr bool vfold_for(int D, int VBITS) {
-  return QSDPA_MMA_VFOLD == 2 || (QSDPA_MMA_VFOLD == 1 && D == 512 && VBITS == 4);  // (D = 512: d_split below)
+// 3: 4-bit values with one n-tile of query rows (D = 128, 256, 512), 4: 4-bit values with D >= 256.
+__host__ __device__ constexpr bool vfold_for(int D, int VBITS, int NT) {
+  return QSDPA_MMA_VFOLD == 2 || (QSDPA_MMA_VFOLD == 1 && D == 512 && VBITS == 4) ||  // (D = 512: d_split below)
+         (QSDPA_MMA_VFOLD == 3 && VBITS == 4 && NT == 1) || (QSDPA_MMA_VFOLD == 4 && VBITS == 4 && D >= 256);
 }
 constexpr int kVExpMin = -14, kVExpMax = 15;  // 2^e as an f16 normal
 // f16 bits of 2^k (k >= -24; 2^15 at most, +inf above), and k from the bits of a normal 2^k
@@ -143,6 +145,13 @@ __host__ __device__ constexpr uint32_t f16_pow2_bits(int k) {
   return k > 15 ? 0x7c00u : k >= -14 ? uint32_t(k + 15) << 10 : k >= -24 ? 1u << (k + 24) : 0u;
 }
 __host__ __device__ constexpr int f16_pow2_exp(uint32_t bits) { return int((bits >> 10) & 31u) - 15; }
+// The end of the block's token loop: the warps' states merge in shared memory, their o with the
+// head dims swizzled against bank conflicts (osw in the kernel). 0: unswizzled (the form before
+// 2026-12-02; a tuning knob).
+#ifndef QSDPA_MMA_OSWIZZLE
+#define QSDPA_MMA_OSWIZZLE 1
+#endif
+constexpr bool kOSwizzle = QSDPA_MMA_OSWIZZLE != 0;
 // The scale spans' partial last 16-byte piece (a tile whose span does not end at 16 bytes) is
 // copied with cp.async and a source size below 16, which reads only those bytes. compute-sanitizer
 // memcheck (CUDA 13.0) counts that as a 16-byte read, and reports it out of bounds where the span
@@ -619,7 +628,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   using Y = Ty<T>;
   constexpr bool kCl = kClusterCode && is_cluster(LAYOUT);  // merge in the cluster (a.cluster)
   constexpr bool kPl = is_pool(LAYOUT);  // the warps take their tiles from the block's pool
-  constexpr bool kVF = vfold_for(D, VBITS) && FV::kVCodes;  // values folded (kVFold)
+  constexpr bool kVF = vfold_for(D, VBITS, NT) && FV::kVCodes;  // values folded (kVFold)
   static_assert(!kPl || (STAGES == 2 && d_split(D) == 1), "the pool's loop: two stages, one warp per tile");
   constexpr int kRB = S::kRB, kC = S::kC, kKS = S::kKS, kRT = S::kRT, kMT = S::kMT;
   constexpr int kRBV = S::kRBV, kCV = S::kCV, kRBG = S::kRBG, kRBGV = S::kRBGV;
@@ -1414,7 +1423,26 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   // (one state per tile group: the kDS warps of a d-split group share m and l, each its dims of o)
   float* mw = reinterpret_cast<float*>(smem);  // [kTG][kRT]
   float* lw = mw + kTG * kRT;                  // [kLW][kRT]
-  float* ow = lw + S::kLW * kRT;               // [kTG][kRT][D]
+  float* ow = lw + S::kLW * kRT;               // [kTG][kRT][D], head dims swizzled (osw)
+  // The 32 lanes of one store below hold 8 head dims (g) of 4 rows (c) whose rows lie D floats
+  // apart, in one bank without a swizzle: 4 ways (8 with 2-bit values, whose g + 4 falls on g's
+  // bank too), so 32 stores of 4 wavefronts for each of the pool's 16 warps, ~1 us at its blocks'
+  // end. Flipping low bits of the head dim by the row (and, 2-bit, by bit 5 of the dim) puts every
+  // lane on its own bank; a row's 32 consecutive dims stay in one 32-dim block, which the merge
+  // reads without conflicts.
+  // osw(lr, d): where head dim d of row lr lies; the flipped bits (kOswMask) are constant in each
+  // store's d, so that a store's address is one of a few per-lane bases plus an immediate.
+  constexpr int kOswMask = !kOSwizzle ? 0 : VBITS == 4 ? 3 : VBITS == 8 ? 0x11 : 7;
+  const auto osw_flip = [](int lr, int d) {  // (the bits flipped in d: kOswMask's at most)
+    const int c2 = (lr >> 1) & 3;
+    (void)d;
+    if constexpr (VBITS == 4) return c2;                            // g on bits 2..4
+    else if constexpr (VBITS == 8) return (c2 & 1) | ((c2 & 2) << 3);  // g on bits 1..3
+    else return c2 | (((d >> 5) & 1) << 2);                         // g on bits 3..5
+  };
+  const auto osw = [&](int lr, int d) { return kOswMask ? d ^ osw_flip(lr, d) : d; };
+  // this lane's flip, the same in each of its stores (rows 2c + 8 nt (+1); 2-bit: bit 5 of 8 g)
+  const int oflip = kOswMask ? osw_flip(2 * c, 8 * g) : 0;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -1435,7 +1463,8 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int lr = nt * 8 + 2 * c + (e & 1);
-        ow[(tgrp * kRT + lr) * D + dc * kDW + FV::vdim(dt, g + 8 * (e >> 1))] = o[dt][nt][e];
+        const int dd = dc * kDW + FV::vdim(dt, g + 8 * (e >> 1));  // (bits of kOswMask: constant)
+        ow[(tgrp * kRT + lr) * D + (dd & ~kOswMask) + ((dd & kOswMask) ^ oflip)] = o[dt][nt][e];
       }
   __syncthreads();
   // Per row (one thread each): the warps' weights ex2(m_w - m) in place of m_w, the merged l and
@@ -1458,10 +1487,10 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   }
   __syncthreads();
   for (int idx = tid; idx < nrows * D; idx += W * 32) {
-    const int lr = idx / D, d = idx - lr * D;
+    const int lr = idx / D, d = idx - lr * D, ds = osw(lr, d);
     float acc = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kTG; ++w) acc = fmaf(mw[w * kRT + lr], ow[(w * kRT + lr) * D + d], acc);
+    for (int w = 0; w < kTG; ++w) acc = fmaf(mw[w * kRT + lr], ow[(w * kRT + lr) * D + ds], acc);
     const float l = lw[lr], mx = lw[kRT + lr];
     if (kCl) {  // this split's state, for cluster_combine (the query rows' space is free now)
       qf[lr * D + d] = acc;
