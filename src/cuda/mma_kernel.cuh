@@ -128,13 +128,15 @@ constexpr bool kVScaleEveryPiece = QSDPA_MMA_VSCALE_EVERY != 0;
 // 115.1, 2-bit 82.5 / 79.3, D=256 46.7 / 46.5, Lq=4 134.1 / 127.7): ~70 fewer instructions per tile
 // in the common path did not make them faster, and the second mma per d-tile lengthens the
 // accumulators' chains. On an H200 (run 56, the d-split alone against nowhere): D=512 4-bit 69.6 /
-// 71.7, 8-bit keys with 4-bit values 72.1 / 75.6, 2-bit 70.6 / 70.7, but 8-bit 76.2 / 74.3. So 1
-// (the default) takes it for the d-split's 4-bit values alone; 2 everywhere, 0 nowhere (tuning
-// knobs).
+// 71.7, 8-bit keys with 4-bit values 72.1 / 75.6, 2-bit 70.6 / 70.7, but 8-bit 76.2 / 74.3. On an
+// H200 (run 59, 4-bit values with one n-tile against the d-split alone): D=256 4-bit 37.9 / 38.5,
+// but the D = 128 kernels slower (B=32 N=4096 50.4 / 49.7, B=1 N=131072 50.4 / 50.1, headline
+// 83.1 / 83.1). So 4 (the default) takes it for 4-bit values with D >= 256 (the d-split's and
+// D = 256), 1 for the d-split's alone, 3 for 4-bit values with one n-tile, 2 everywhere, 0
+// nowhere (tuning knobs).
 #ifndef QSDPA_MMA_VFOLD
-#define QSDPA_MMA_VFOLD 1
+#define QSDPA_MMA_VFOLD 4
 #endif
-// 3: 4-bit values with one n-tile of query rows (D = 128, 256, 512), 4: 4-bit values with D >= 256.
 __host__ __device__ constexpr bool vfold_for(int D, int VBITS, int NT) {
   return QSDPA_MMA_VFOLD == 2 || (QSDPA_MMA_VFOLD == 1 && D == 512 && VBITS == 4) ||  // (D = 512: d_split below)
          (QSDPA_MMA_VFOLD == 3 && VBITS == 4 && NT == 1) || (QSDPA_MMA_VFOLD == 4 && VBITS == 4 && D >= 256);
@@ -1432,7 +1434,9 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   // reads without conflicts.
   // osw(lr, d): where head dim d of row lr lies; the flipped bits (kOswMask) are constant in each
   // store's d, so that a store's address is one of a few per-lane bases plus an immediate.
-  constexpr int kOswMask = !kOSwizzle ? 0 : VBITS == 4 ? 3 : VBITS == 8 ? 0x11 : 7;
+  // (Not in the two-n-tile kernels: with it, their register allocation in the token loop changed
+  // and Lq=4 4-bit took 120.3 us against 117.0, H200 run 59.)
+  constexpr int kOswMask = !kOSwizzle || NT == 2 ? 0 : VBITS == 4 ? 3 : VBITS == 8 ? 0x11 : 7;
   const auto osw_flip = [](int lr, int d) {  // (the bits flipped in d: kOswMask's at most)
     const int c2 = (lr >> 1) & 3;
     (void)d;
