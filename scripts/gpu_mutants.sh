@@ -52,6 +52,8 @@ mutants=(
   'vfold-no-exp|src/cuda/mma_kernel.cuh|s/^      if (__any_sync(0xffffffffu, big) .. __all_sync(0xffffffffu, small)) {$/      if (false) {/|the folded values'"'"' exponent never moves (p s leaves f16'"'"'s range for large or tiny scales)|'"$tests_vf"'|g64'
   'vfold-no-bias|src/cuda/mma_kernel.cuh|s/^        Y::mma(zacc, A, zb0, zb1);$//|the folded values lose their biases (Σ p z)|'"$tests_vf"'|g64'
   'vfold-no-lo|src/cuda/mma_kernel.cuh|s/^                Y::mma(o\[dt\]\[nt\], A, pl\[nt\]\[0\], pl\[nt\]\[1\]);$//|the folded weights p s keep their f16 rounding (hi only, no lo)|'"$tests_vf"'|g64'
+  'direct-no-sink|src/cuda/mma_kernel.cuh|s/^        wgt = f \/ den;$/        wgt = 1.0f \/ l;/|a grid of one split writes its output without the row'"'"'s sink|test_cuda_attention@CudaAttention.OneSplitWritesTheOutput:CudaAttention.NoKeysGivesZeros|g64'
+  'direct-empty-silent|src/cuda/mma_kernel.cuh|s/^        store_t(a.out, a.dtype, a.omap.at(b, kvh \* rep + hl, i) + d, 0.0f);$//|a grid of one split leaves the rows of an empty sequence unwritten|test_cuda_attention@CudaAttention.OneSplitWritesTheOutput:CudaAttention.NoKeysGivesZeros|g64'
   'zeroed-unasked|src/cuda/backend.cu|s/return in_kernel_merge(a, !p.workspace .. p.workspace_zeroed);/return in_kernel_merge(a, true);/|a caller'"'"'s workspace is taken as zero-filled without workspace_zeroed|test_cuda_runtime@'"$tests_rt"'|all'
 )
 # QSDPA_MUTANTS='name name': only these (default: all)

@@ -131,15 +131,16 @@ constexpr bool kVScaleEveryPiece = QSDPA_MMA_VSCALE_EVERY != 0;
 // 71.7, 8-bit keys with 4-bit values 72.1 / 75.6, 2-bit 70.6 / 70.7, but 8-bit 76.2 / 74.3. On an
 // H200 (run 59, 4-bit values with one n-tile against the d-split alone): D=256 4-bit 37.9 / 38.5,
 // but the D = 128 kernels slower (B=32 N=4096 50.4 / 49.7, B=1 N=131072 50.4 / 50.1, headline
-// 83.1 / 83.1). So 4 (the default) takes it for 4-bit values with D >= 256 (the d-split's and
-// D = 256), 1 for the d-split's alone, 3 for 4-bit values with one n-tile, 2 everywhere, 0
-// nowhere (tuning knobs).
+// 83.1 / 83.1), and (run 60) D=256 8-bit keys with 4-bit values slower (43.9 / 43.2). So 4 (the
+// default) takes it for the d-split's 4-bit values and for D = 256 4-bit, 1 for the d-split's
+// alone, 3 for 4-bit values with one n-tile, 2 everywhere, 0 nowhere (tuning knobs).
 #ifndef QSDPA_MMA_VFOLD
 #define QSDPA_MMA_VFOLD 4
 #endif
-__host__ __device__ constexpr bool vfold_for(int D, int VBITS, int NT) {
+__host__ __device__ constexpr bool vfold_for(int D, int BITS, int VBITS, int NT) {
   return QSDPA_MMA_VFOLD == 2 || (QSDPA_MMA_VFOLD == 1 && D == 512 && VBITS == 4) ||  // (D = 512: d_split below)
-         (QSDPA_MMA_VFOLD == 3 && VBITS == 4 && NT == 1) || (QSDPA_MMA_VFOLD == 4 && VBITS == 4 && D >= 256);
+         (QSDPA_MMA_VFOLD == 3 && VBITS == 4 && NT == 1) ||
+         (QSDPA_MMA_VFOLD == 4 && VBITS == 4 && (D == 512 || (D == 256 && BITS == 4)));
 }
 constexpr int kVExpMin = -14, kVExpMax = 15;  // 2^e as an f16 normal
 // f16 bits of 2^k (k >= -24; 2^15 at most, +inf above), and k from the bits of a normal 2^k
@@ -154,6 +155,14 @@ __host__ __device__ constexpr int f16_pow2_exp(uint32_t bits) { return int((bits
 #define QSDPA_MMA_OSWIZZLE 1
 #endif
 constexpr bool kOSwizzle = QSDPA_MMA_OSWIZZLE != 0;
+// A grid of one split that merges in the kernel (a.counters, gridDim.y == 1, no cluster): the
+// block's merged state is the output, written from the epilogue (divided by the row's l, with its
+// sink) instead of stored as a partial that the same block then reads back behind an atomic
+// arrival. 0: through the partials (a tuning knob).
+#ifndef QSDPA_MMA_DIRECT_OUT
+#define QSDPA_MMA_DIRECT_OUT 1
+#endif
+constexpr bool kDirectOut = QSDPA_MMA_DIRECT_OUT != 0;
 // The scale spans' partial last 16-byte piece (a tile whose span does not end at 16 bytes) is
 // copied with cp.async and a source size below 16, which reads only those bytes. compute-sanitizer
 // memcheck (CUDA 13.0) counts that as a 16-byte read, and reports it out of bounds where the span
@@ -630,7 +639,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   using Y = Ty<T>;
   constexpr bool kCl = kClusterCode && is_cluster(LAYOUT);  // merge in the cluster (a.cluster)
   constexpr bool kPl = is_pool(LAYOUT);  // the warps take their tiles from the block's pool
-  constexpr bool kVF = vfold_for(D, VBITS, NT) && FV::kVCodes;  // values folded (kVFold)
+  constexpr bool kVF = vfold_for(D, BITS, VBITS, NT) && FV::kVCodes;  // values folded (kVFold)
   static_assert(!kPl || (STAGES == 2 && d_split(D) == 1), "the pool's loop: two stages, one warp per tile");
   constexpr int kRB = S::kRB, kC = S::kC, kKS = S::kKS, kRT = S::kRT, kMT = S::kMT;
   constexpr int kRBV = S::kRBV, kCV = S::kCV, kRBG = S::kRBG, kRBGV = S::kRBGV;
@@ -682,7 +691,19 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   // block's merged state for cluster_combine: o in qf, m and l in qc).
   float* qf = reinterpret_cast<float*>(smem + S::kMain);  // [kRT][D]
   float* qc = qf + kRT * D;                               // [kRT][kNGMax]  Σ_g q
+  // one split, merged here: the epilogue writes the output (kDirectOut; not in the two-n-tile
+  // kernels, whose token loop's register allocation changed with it, as with the o swizzle below)
+  const bool direct = kDirectOut && NT == 1 && !kCl && a.counters && gridDim.y == 1;
   if (tb >= te) {  // a split past this sequence's end (per-sequence lengths): no key, nothing else
+    if (direct) {  // (no visible key: zeros, with or without a sink)
+      for (int idx = tid; idx < nrows * D; idx += W * 32) {
+        const int lr = idx / D, d = idx - lr * D;
+        int i;
+        const int hl = row_head(r0 + lr, Lq, i);
+        store_t(a.out, a.dtype, a.omap.at(b, kvh * rep + hl, i) + d, 0.0f);
+      }
+      return;
+    }
     if (kCl) {  // the cluster's other splits still merge with this one's (empty) state
       for (int lr = tid; lr < kRT; lr += W * 32) qc[lr] = -INFINITY, qc[kRT + lr] = 0.0f;
       cluster_combine<D, kRT, W>(a, qc, qc + kRT, qf, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
@@ -1501,6 +1522,22 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
       if (d == 0) qc[lr] = mx, qc[kRT + lr] = l;
       continue;
     }
+    if (direct) {  // out = acc / l, or with the row's sink acc e^(m - m') / (l e^(m - m') + e^(sink - m'))
+      int i;
+      const int64_t h = kvh * rep + row_head(r0 + lr, Lq, i);
+      float wgt = 0.0f;  // (m = -inf: no visible key, zeros with or without a sink)
+      if (mx != -INFINITY) {
+        float den = l, f = 1.0f;
+        if (a.sinks) {
+          const float sk = a.sinks[h] * kLog2e, mm = fmaxf(mx, sk);
+          f = ex2(mx - mm);
+          den = fmaf(l, f, ex2(sk - mm));
+        }
+        wgt = f / den;
+      }
+      store_t(a.out, a.dtype, a.omap.at(b, h, i) + d, acc * wgt);
+      continue;
+    }
     const int64_t prow = int64_t(split) * rows_total + qrow_of(lr);
     a.part_o[prow * D + d] = acc;
     if (d == 0) {
@@ -1513,9 +1550,10 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
 #endif
   if (kCl) cluster_combine<D, kRT, W>(a, qc, qc + kRT, qf, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
   // (its scratch space: the warps' states, free once every thread has passed its first barrier)
-  else if (a.counters) merge_if_last<kRT, W>(a, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
+  else if (a.counters && !direct) merge_if_last<kRT, W>(a, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
 #if QSDPA_MMA_TRACE
-  if (tid == 0 && a.trace) trace_block(a, tr_start, tr_loop, !kCl && a.counters && *reinterpret_cast<const int*>(smem));
+  if (tid == 0 && a.trace)
+    trace_block(a, tr_start, tr_loop, !kCl && a.counters && !direct && *reinterpret_cast<const int*>(smem));
 #endif
 }
 

@@ -560,6 +560,49 @@ TEST(CudaAttention, FullyMaskedRowsWithSink) {
   }
 }
 
+// Grids of one split whose rows merge in the tensor-core kernel (the B x Hkv row tiles fill every
+// block slot): the block writes the output itself (mma_kernel.cuh, kDirectOut), dividing by its
+// l with the row's sink, zeros where a row sees no key. Each case is checked to take that plan,
+// then held to the reference, and again with the splits merged by the combine kernel.
+TEST(CudaAttention, OneSplitWritesTheOutput) {
+  QSDPA_REQUIRE_CUDA();
+  std::vector<Case> cases;
+  Case c;
+  c.dtype = DType::f16, c.kf = c.vf = {4, 64};
+  c.B = 80, c.Hq = 16, c.Hkv = 8, c.Lq = 1, c.N = 300, c.D = 128, c.sinks = true, c.seed = 21;
+  cases.push_back(c);
+  // 8-bit keys, 4-bit values, 6 rows per KV head (one n-tile), a window, a float mask
+  c.dtype = DType::bf16, c.kf = {8, 64}, c.vf = {4, 64}, c.Lq = 3, c.window = 100, c.float_mask = true, c.seed = 22;
+  cases.push_back(c);
+  // 2 bits, D = 256; every other row fully masked (below)
+  c.dtype = DType::f16, c.kf = c.vf = {2, 64}, c.D = 256, c.Lq = 1, c.window = 0, c.float_mask = false;
+  c.bool_mask = MaskKind::u8, c.seed = 23;
+  cases.push_back(c);
+  for (const Case& k : cases) {
+    test::Problem h(k);
+    const bool masked_rows = k.bool_mask != MaskKind::none;
+    if (masked_rows)
+      for (int64_t row = 0; row < k.B * k.Hq * k.Lq; row += 2)  // (no key visible: zeros)
+        std::fill_n(h.bool_mask.begin() + row * k.N, k.N, uint8_t(0));
+    {
+      test::DeviceProblem d(h);
+      ASSERT_TRUE(cuda::uses_tensor_cores(d.params())) << k.str();
+      EXPECT_EQ(cuda::planned_splits(d.params()), 1) << k.str();
+      EXPECT_TRUE(cuda::uses_in_kernel_merge(d.params())) << k.str();
+    }
+    for (bool in_kernel : {true, false}) {
+      const bool was = cuda::set_in_kernel_merge(in_kernel);
+      const std::string r = run_problem(h, false);
+      cuda::set_in_kernel_merge(was);
+      EXPECT_EQ(r, "") << (in_kernel ? "in the kernel: " : "combine kernel: ") << k.str();
+      if (!masked_rows) continue;
+      const size_t row_bytes = size_t(k.D) * test::tsize(k.dtype);
+      for (int64_t row = 0; row < k.B * k.Hq * k.Lq; row += 2)
+        for (size_t i = 0; i < row_bytes; ++i) ASSERT_EQ(h.out[size_t(row) * row_bytes + i], 0) << "row " << row;
+    }
+  }
+}
+
 TEST(CudaAttention, Windows) {
   QSDPA_REQUIRE_CUDA();
   uint64_t seed = 50;
