@@ -691,9 +691,11 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   // block's merged state for cluster_combine: o in qf, m and l in qc).
   float* qf = reinterpret_cast<float*>(smem + S::kMain);  // [kRT][D]
   float* qc = qf + kRT * D;                               // [kRT][kNGMax]  Σ_g q
-  // one split, merged here: the epilogue writes the output (kDirectOut; not in the two-n-tile
-  // kernels, whose token loop's register allocation changed with it, as with the o swizzle below)
-  const bool direct = kDirectOut && NT == 1 && !kCl && a.counters && gridDim.y == 1;
+  // one split, merged here: the epilogue writes the output (kDirectOut; D <= 128 and one n-tile
+  // only: compiled into the others, it changed their token loop's register allocation and cost
+  // them 1-3 % without ever running there, H200 run 61, as the o swizzle below did Lq=4)
+  constexpr bool kDirect = kDirectOut && NT == 1 && D <= 128;
+  const bool direct = kDirect && !kCl && a.counters && gridDim.y == 1;
   if (tb >= te) {  // a split past this sequence's end (per-sequence lengths): no key, nothing else
     if (direct) {  // (no visible key: zeros, with or without a sink)
       for (int idx = tid; idx < nrows * D; idx += W * 32) {

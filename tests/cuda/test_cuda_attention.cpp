@@ -561,9 +561,10 @@ TEST(CudaAttention, FullyMaskedRowsWithSink) {
 }
 
 // Grids of one split whose rows merge in the tensor-core kernel (the B x Hkv row tiles fill every
-// block slot): the block writes the output itself (mma_kernel.cuh, kDirectOut), dividing by its
-// l with the row's sink, zeros where a row sees no key. Each case is checked to take that plan,
-// then held to the reference, and again with the splits merged by the combine kernel.
+// block slot): with D <= 128 the block writes the output itself (mma_kernel.cuh, kDirectOut),
+// dividing by its l with the row's sink, zeros where a row sees no key; D = 256 still goes through
+// its partials. Each case is checked to take that plan, then held to the reference, and again
+// with the splits merged by the combine kernel.
 TEST(CudaAttention, OneSplitWritesTheOutput) {
   QSDPA_REQUIRE_CUDA();
   std::vector<Case> cases;
@@ -574,9 +575,11 @@ TEST(CudaAttention, OneSplitWritesTheOutput) {
   // 8-bit keys, 4-bit values, 6 rows per KV head (one n-tile), a window, a float mask
   c.dtype = DType::bf16, c.kf = {8, 64}, c.vf = {4, 64}, c.Lq = 3, c.window = 100, c.float_mask = true, c.seed = 22;
   cases.push_back(c);
-  // 2 bits, D = 256; every other row fully masked (below)
-  c.dtype = DType::f16, c.kf = c.vf = {2, 64}, c.D = 256, c.Lq = 1, c.window = 0, c.float_mask = false;
+  // 2 bits; every other row fully masked (below); then D = 256
+  c.dtype = DType::f16, c.kf = c.vf = {2, 64}, c.Lq = 1, c.window = 0, c.float_mask = false;
   c.bool_mask = MaskKind::u8, c.seed = 23;
+  cases.push_back(c);
+  c.D = 256, c.seed = 24;
   cases.push_back(c);
   for (const Case& k : cases) {
     test::Problem h(k);
