@@ -84,10 +84,6 @@ std::atomic<int> g_pool_mode{env_digit("QSDPA_BLOCK_POOL", 3, 1)};
 // other shapes unchanged. QSDPA_POOL_CLUSTER=0 in the environment or cuda::set_pool_cluster (a
 // test hook) turns it off.
 std::atomic<bool> g_pool_cluster{env_digit("QSDPA_POOL_CLUSTER", 1, 1) == 1};
-// Whether clusters may also merge grids of more than one block per multiprocessor, as long as every
-// block is resident at once (cluster_merge below): QSDPA_CLUSTER_SLOTS=1 in the environment (a
-// tuning knob; 0, the default, keeps grids of at most one block per multiprocessor).
-const bool g_cluster_slots = env_digit("QSDPA_CLUSTER_SLOTS", 1, 0) == 1;
 // The pool is taken when the call's 32-token tiles are at least this many per warp of a full
 // wave of its blocks (16 warps per multiprocessor): the latency-bound small calls keep the 4-warp
 // blocks, which spread a few tiles over more blocks ...
@@ -439,8 +435,7 @@ bool cluster_merge(const AttnArgs& a, const DeviceFacts& f) {
   // ... and when all the clusters are resident at once: a second wave of clusters costs more than
   // the combine (D=256 8-bit, one block per SM: 8 clusters of 16 did not fit, 61.7 -> 97.7 us).
   const int64_t clusters = a.B * a.Hkv * cuda::mma_row_tiles(a), blocks = clusters * a.num_splits;
-  const int64_t slots = g_cluster_slots ? int64_t(f.sms) * cuda::mma_blocks_per_sm(a) : f.sms;
-  return blocks <= slots && clusters <= cuda::mma_max_clusters(a, a.num_splits);
+  return blocks <= f.sms && clusters <= cuda::mma_max_clusters(a, a.num_splits);
 #else
   (void)a, (void)f;
   return false;
