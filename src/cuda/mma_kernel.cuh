@@ -451,10 +451,10 @@ inline __device__ __noinline__ void trace_block(const AttnArgs& a, unsigned long
 // L1 of this one does not see their stores. It sits on the critical path of the call (the last
 // row tile's last split), so its loads go out in few rounds: all (m, l) at once, then all o
 // (the host takes it only when that is a few loads per thread: in_kernel_merge, backend.cu).
-template <int RT, int W = kWarps>
-__device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch, int nrows, int r0, int64_t b,
-                                              int64_t kvh, int rep, int Lq) {
-  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, S = int(gridDim.y), D = int(a.D);
+// The arrival (below): whether this block is the row tile's last split to arrive (then it merges).
+template <int RT>
+__device__ __forceinline__ bool arrive_last(const AttnArgs& a, float* scratch) {
+  const int tid = int(threadIdx.x), S = int(gridDim.y);
   int* last = reinterpret_cast<int*>(scratch);
   constexpr bool kAcqRel = QSDPA_MMA_FENCE_ACQREL == 1 || (QSDPA_MMA_FENCE_ACQREL == 2 && RT >= 16);
   if constexpr (!kAcqRel) __threadfence();  // this thread's partials are visible on the device before the arrival is
@@ -475,8 +475,16 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
 #endif
   }
   __syncthreads();
-  if (!*last) return;
+  if (!*last) return false;
   if constexpr (!kAcqRel) __threadfence();  // (the other splits' partials, behind their arrivals)
+  return true;
+}
+
+template <int RT, int W = kWarps>
+__device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch, int nrows, int r0, int64_t b,
+                                              int64_t kvh, int rep, int Lq) {
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, S = int(gridDim.y), D = int(a.D);
+  if (!arrive_last<RT>(a, scratch)) return;
   const int64_t rows_total = a.B * a.Hq * a.Lq;
   float* wm = scratch + 4;                        // [RT][S] m, then the weights
   float* wl = wm + RT * S;                        // [RT][S] l
@@ -616,6 +624,122 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
   }
 }
 
+// The epilogue of the two-n-tile kernels in compact form (QSDPA_MMA_COMPACT_EPI, default on): the
+// partials' row of each query row found once per row, not once per element, and the in-kernel
+// merge below. Measured before it (H200, 2026-12-03, run 62, ncu source counters of B=8 N=32768
+// Lq=4 4-bit): the partial stores took 1292 warp instructions per warp (a division by Lq and 64-bit
+// index arithmetic per element), and the merge of the last split, ~45 KB of straight-line SASS
+// run once (8 splits x 4 elements unrolled, 64-bit index arithmetic per load, the output type
+// chosen at run time per store), waited mostly on instruction fetch: the traces of run 59 put
+// 5.3 us between a block's loop end and its last partial store and ~9 us in the merge of the
+// call's last block.
+#ifndef QSDPA_MMA_COMPACT_EPI
+#define QSDPA_MMA_COMPACT_EPI 1
+#endif
+constexpr bool kCompactEpi = QSDPA_MMA_COMPACT_EPI != 0;
+
+// Four consecutive outputs of type T (f16 or bf16) from element i: one 8-byte store where aligned.
+template <class T>
+__device__ __forceinline__ void store4_out(void* out, int64_t i, float4 v) {
+  uint16_t* p = static_cast<uint16_t*>(out) + i;
+  const uint32_t lo = Ty<T>::pack(v.x, v.y), hi = Ty<T>::pack(v.z, v.w);
+  if ((reinterpret_cast<uintptr_t>(p) & 7) == 0) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(lo, hi);
+  } else {
+    p[0] = uint16_t(lo), p[1] = uint16_t(lo >> 16), p[2] = uint16_t(hi), p[3] = uint16_t(hi >> 16);
+  }
+}
+
+// merge_if_last in compact form (the two-n-tile kernels, kCompactEpi): the same arithmetic (the
+// splits' weights exp(m_s - max) with the row's sink, zeros where no key is visible, Σ_s w_s o_s
+// in split order, times 1 / denominator, one rounding to T), with T and D as constants, each row's
+// partial index and output offset found once (by the thread that loads its first split's m and
+// l), one thread per row for the weights (the splits are few here: the host takes the in-kernel
+// merge for at most 32 loads of o per thread, in_kernel_merge), and every load of o of a round in
+// flight at once (splits in rounds of 8). A split with weight 0 (no visible key) may have left its
+// o unwritten: it is not read. Scratch: 16 bytes, then [RT] partial rows and [RT] output offsets
+// (int64), [RT][S] m (then the weights) and l, [RT] 1 / denominator.
+template <class T, int D, int RT, int W>
+__device__ __forceinline__ void merge_if_last_compact(const AttnArgs& a, float* scratch, int nrows, int r0, int64_t b,
+                                                      int64_t kvh, int rep, int Lq) {
+  if (!arrive_last<RT>(a, scratch)) return;
+  const int tid = int(threadIdx.x), S = int(gridDim.y);
+  const int64_t rows_total = a.B * a.Hq * a.Lq;
+  int64_t* prow = reinterpret_cast<int64_t*>(scratch + 4);  // [RT]
+  int64_t* orow = prow + RT;                                 // [RT]
+  float* wm = reinterpret_cast<float*>(orow + RT);           // [RT][S]
+  float* wl = wm + RT * S;                                   // [RT][S]
+  float* rinv = wl + RT * S;                                 // [RT]
+  for (int idx = tid; idx < nrows * S; idx += W * 32) {
+    const int lr = idx / S, sp = idx - lr * S;
+    int i;
+    const int64_t h = kvh * rep + row_head(r0 + lr, Lq, i), row = (b * a.Hq + h) * a.Lq + i;
+    wm[idx] = __ldcg(a.part_m + int64_t(sp) * rows_total + row);
+    wl[idx] = __ldcg(a.part_l + int64_t(sp) * rows_total + row);
+    if (sp == 0) prow[lr] = row, orow[lr] = a.omap.at(b, h, i);
+  }
+  __syncthreads();
+  if (tid < nrows) {
+    const int lr = tid;
+    float mx = -INFINITY;  // (a NaN m is never the max, as with fmaxf)
+    for (int sp = 0; sp < S; ++sp) mx = fmaxf(mx, wm[lr * S + sp]);
+    const float m_all = mx;  // -inf: no key visible (zeros, with or without a sink)
+    float sink = 0.0f;
+    if (m_all != -INFINITY && a.sinks) {
+      int i;
+      sink = a.sinks[kvh * rep + row_head(r0 + lr, Lq, i)];
+      mx = fmaxf(mx, sink);
+    }
+    float denom = 0.0f;
+    for (int sp = 0; sp < S; ++sp) {
+      const float ms = wm[lr * S + sp];
+      const float w = ms == -INFINITY || m_all == -INFINITY ? 0.0f : expf(ms - mx);
+      denom = fmaf(w, wl[lr * S + sp], denom);
+      wm[lr * S + sp] = w;
+    }
+    if (m_all != -INFINITY && a.sinks) denom += expf(sink - mx);
+    rinv[lr] = m_all == -INFINITY ? 0.0f : 1.0f / denom;
+  }
+  __syncthreads();
+  constexpr int D4 = D / 4, kEB = RT * D4 / (W * 32) < 1 ? 1 : RT * D4 / (W * 32);
+  const int64_t stride = rows_total * D;  // from one split's partials to the next
+  for (int base = tid; base < nrows * D4; base += kEB * W * 32) {
+    float4 acc[kEB];
+#pragma unroll
+    for (int e = 0; e < kEB; ++e) acc[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int s0 = 0; s0 < S; s0 += 8) {
+      float4 ob[kEB][8];
+      float wb[kEB][8];
+#pragma unroll
+      for (int e = 0; e < kEB; ++e) {
+        const int idx = base + e * W * 32, lr = idx / D4, d = 4 * (idx - lr * D4);
+        const bool ok = idx < nrows * D4;
+        const float* po = a.part_o + (ok ? prow[lr] : 0) * D + d;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          wb[e][k] = ok && s0 + k < S ? wm[lr * S + s0 + k] : 0.0f;
+          ob[e][k] = wb[e][k] != 0.0f ? __ldcg(reinterpret_cast<const float4*>(po + (s0 + k) * stride))
+                                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < kEB; ++e)
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          acc[e].x = fmaf(wb[e][k], ob[e][k].x, acc[e].x), acc[e].y = fmaf(wb[e][k], ob[e][k].y, acc[e].y);
+          acc[e].z = fmaf(wb[e][k], ob[e][k].z, acc[e].z), acc[e].w = fmaf(wb[e][k], ob[e][k].w, acc[e].w);
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < kEB; ++e) {
+      const int idx = base + e * W * 32, lr = idx / D4, d = 4 * (idx - lr * D4);
+      if (idx >= nrows * D4) continue;
+      const float inv = rinv[lr];
+      store4_out<T>(a.out, orow[lr] + d, make_float4(acc[e].x * inv, acc[e].y * inv, acc[e].z * inv, acc[e].w * inv));
+    }
+  }
+}
+
 // The same for a split that sees no token (the early exit of attention_kernel), out of line: a
 // second inlined copy of the merge made every kernel ~1200 instructions longer, in front of its
 // token loop. (`a` points to the kernel's parameter, __grid_constant__: no copy.)
@@ -653,7 +777,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   constexpr int kTW = kTileTokens, kSCB = S::kSCB, kNZ = S::kNZ, kNGP = S::kNGP, kNGMax = S::kNGMax;
   constexpr int kDS = S::kDS, kTG = S::kTG, kDW = S::kDW;
   static_assert(kDS == 1 || (GC != 0 && LAYOUT == kContigWide), "d-split: contiguous caches, a constant group");
-  static_assert(16 + kRT * kInKernelMergeMaxSplits * 8 + kRT * 8 <= S::kMain, "the in-kernel merge's scratch fits");
+  static_assert(16 + kRT * kInKernelMergeMaxSplits * 8 + kRT * 16 + kRT * 8 <= S::kMain, "the in-kernel merge's scratch fits");
   extern __shared__ __align__(16) uint8_t smem[];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Launched as a programmatic dependent (AttnArgs::pdl), the block may be placed while the
@@ -703,6 +827,8 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   // them 1-3 % without ever running there, H200 run 61, as the o swizzle below did Lq=4)
   constexpr bool kDirect = kDirectOut && NT == 1 && D <= 128;
   const bool direct = kDirect && !kCl && a.counters && gridDim.y == 1;
+  // the compact epilogue (kCompactEpi): the two-n-tile kernels that do not merge in clusters
+  constexpr bool kCompact = kCompactEpi && NT == 2 && !kCl;
   if (tb >= te) {  // a split past this sequence's end (per-sequence lengths): no key, nothing else
     if (direct) {  // (no visible key: zeros, with or without a sink)
       for (int idx = tid; idx < nrows * D; idx += W * 32) {
@@ -1518,9 +1644,28 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
     }
     lw[lr] = l;
     lw[kRT + lr] = mx;
+    if constexpr (kCompact) rpos[lr] = int64_t(split) * rows_total + qrow_of(lr);  // (free after the loop)
   }
   __syncthreads();
-  for (int idx = tid; idx < nrows * D; idx += W * 32) {
+  if constexpr (kCompact) {  // this split's partials: the row's index from rpos, D a constant
+    static_assert(kRT * D % (W * 32) == 0, "whole rounds of the block's threads");
+#pragma unroll 4
+    for (int k = 0; k < kRT * D / (W * 32); ++k) {
+      const int idx = tid + k * W * 32, lr = idx / D, d = idx - lr * D;
+      if (lr >= nrows) break;
+      float acc = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kTG; ++w) acc = fmaf(mw[w * kRT + lr], ow[(w * kRT + lr) * D + osw(lr, d)], acc);
+      const int64_t prow = rpos[lr];
+      a.part_o[prow * D + d] = acc;
+      if (d == 0) {
+        const float mx = lw[kRT + lr];
+        a.part_m[prow] = mx == -INFINITY ? -INFINITY : mx * kLn2;
+        a.part_l[prow] = lw[lr];
+      }
+    }
+  }
+  for (int idx = tid; !kCompact && idx < nrows * D; idx += W * 32) {
     const int lr = idx / D, d = idx - lr * D, ds = osw(lr, d);
     float acc = 0.0f;
 #pragma unroll
@@ -1559,7 +1704,10 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
 #endif
   if (kCl) cluster_combine<D, kRT, W>(a, qc, qc + kRT, qf, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
   // (its scratch space: the warps' states, free once every thread has passed its first barrier)
-  else if (a.counters && !direct) merge_if_last<kRT, W>(a, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
+  else if (a.counters && !direct) {
+    if constexpr (kCompact) merge_if_last_compact<T, D, kRT, W>(a, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
+    else merge_if_last<kRT, W>(a, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
+  }
 #if QSDPA_MMA_TRACE
   if (tid == 0 && a.trace)
     trace_block(a, tr_start, tr_loop, !kCl && a.counters && !direct && *reinterpret_cast<const int*>(smem));
