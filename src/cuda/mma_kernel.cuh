@@ -829,6 +829,8 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   const bool direct = kDirect && !kCl && a.counters && gridDim.y == 1;
   // the compact epilogue (kCompactEpi): the two-n-tile kernels that do not merge in clusters
   constexpr bool kCompact = kCompactEpi && NT == 2 && !kCl;
+  // (-DQSDPA_MMA_COMPACT_EPI=2, a tuning knob: the compact merge in the one-n-tile kernels too)
+  constexpr bool kCompactMerge = kCompact || (QSDPA_MMA_COMPACT_EPI == 2 && !kCl);
   if (tb >= te) {  // a split past this sequence's end (per-sequence lengths): no key, nothing else
     if (direct) {  // (no visible key: zeros, with or without a sink)
       for (int idx = tid; idx < nrows * D; idx += W * 32) {
@@ -1705,7 +1707,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   if (kCl) cluster_combine<D, kRT, W>(a, qc, qc + kRT, qf, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
   // (its scratch space: the warps' states, free once every thread has passed its first barrier)
   else if (a.counters && !direct) {
-    if constexpr (kCompact) merge_if_last_compact<T, D, kRT, W>(a, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
+    if constexpr (kCompactMerge) merge_if_last_compact<T, D, kRT, W>(a, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
     else merge_if_last<kRT, W>(a, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
   }
 #if QSDPA_MMA_TRACE
