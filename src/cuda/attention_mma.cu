@@ -42,11 +42,7 @@ bool layout_ok(const AttnArgs& a) {
 // token stride 1: layout_ok), paged caches with one block table for K and V (pages of a warp tile
 // or more, or of half of one), and the rest; D = 512 has contiguous caches alone (kContigWide).
 int layout_kind(const AttnArgs& a) {
-  if (a.dense || (!a.kmap.block_table && !a.vmap.block_table)) {
-    // (D = 256 d-split: QSDPA_MMA_DSPLIT256, where the constant-group instantiations can take it)
-    const bool wide256 = mmak::kDSplit256 && a.D == 256 && QSDPA_HAVE_G64 && a.sm90a && a.k_group == mmak::kGroupFixed;
-    return a.D == 512 || wide256 ? mmak::kContigWide : mmak::kContig;
-  }
+  if (a.dense || (!a.kmap.block_table && !a.vmap.block_table)) return a.D == 512 ? mmak::kContigWide : mmak::kContig;
   if (a.same_layout && a.kmap.block_table)
     return (int64_t(1) << a.kmap.page_shift) >= mmak::kTileTokens ? mmak::kPaged : mmak::kPaged16;
   return mmak::kAny;

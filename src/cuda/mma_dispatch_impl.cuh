@@ -27,8 +27,6 @@ auto visit(const AttnArgs& a, Fn&& fn) {
   const auto d = [&]<class T, int BITS, int VBITS>() {
     const bool two = n_tiles(a) == 2;
     if constexpr (LAYOUT == mmak::kContigWide) {  // D = 512 (the d-split instantiations: one n-tile)
-      if constexpr (mmak::kDSplit256)                 // (and D = 256, QSDPA_MMA_DSPLIT256)
-        if (a.D == 256) return fn.template operator()<T, BITS, VBITS, 256, 1>();
       return fn.template operator()<T, BITS, VBITS, 512, 1>();
     } else if constexpr (mmak::is_pool(LAYOUT)) {
       return fn.template operator()<T, BITS, VBITS, 128, 1>();
@@ -72,7 +70,7 @@ template <int LAYOUT, bool MIXED, int GC>
 int resident(const AttnArgs& a) {
   return impl::visit<LAYOUT, MIXED, GC>(a, [&]<class T, int BITS, int VBITS, int D, int NT>() {
     constexpr int W = mmak::warps_of(LAYOUT);
-    using S = mmak::Shape<T, BITS, VBITS, D, NT, kKeyDenorm, kStages, W, mmak::d_split(D, LAYOUT)>;
+    using S = mmak::Shape<T, BITS, VBITS, D, NT, kKeyDenorm, kStages, W>;
     static std::mutex mu;
     static std::map<int, int> cache;  // device -> blocks per SM, for this instantiation
     int dev = 0;

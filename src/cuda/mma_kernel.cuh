@@ -202,21 +202,14 @@ constexpr int kMinBlocksDSplit = QSDPA_MMA_MIN_BLOCKS_DSPLIT;
 // which then stream the same tiles, each its 128 dims of every row: the logits' partial sums meet
 // in shared memory once per tile, and each warp keeps the Oᵀ of its own dims (the accumulators
 // and q operands of 512 dims do not fit one warp's registers). Other head dims: one warp per tile.
-// -DQSDPA_MMA_DSPLIT256=1 (a tuning knob): D = 256 with groups of 64 on contiguous caches d-split
-// too, in two (kContigWide; 128 dims per warp, as D = 128 and the D = 512 warps have), instead of
-// one warp per tile (kContig).
-#ifndef QSDPA_MMA_DSPLIT256
-#define QSDPA_MMA_DSPLIT256 0
-#endif
-constexpr bool kDSplit256 = QSDPA_MMA_DSPLIT256 != 0;
-constexpr int d_split(int D, int layout) { return D == 512 ? 4 : D == 256 && layout == kContigWide ? 2 : 1; }
+constexpr int d_split(int D) { return D == 512 ? 4 : 1; }
 
 // Keys of BITS bits, values of VBITS bits (the same group size), W warps per block.
-template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, int W = kWarps, int DS = 1>
+template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, int W = kWarps>
 struct Shape {
   using F = Fmt<T, BITS, KDEN>;    // keys
   using FV = Fmt<T, VBITS, KDEN>;  // values
-  static constexpr int kDS = DS;              // warps per tile (d-split: d_split)
+  static constexpr int kDS = d_split(D);      // warps per tile (d-split)
   static constexpr int kTG = W / kDS;         // warps (or d-split groups) streaming different tiles
   static constexpr int kDW = D / kDS;         // head dims of one warp
   static constexpr int kRBG = D * BITS / 8;   // bytes of one packed key row in memory
@@ -758,20 +751,20 @@ __device__ __noinline__ void merge_if_last_cold(const AttnArgs* a, float* scratc
 // per block). GC: the group size, or 0 for a.k_group (above).
 template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, int LAYOUT, int GC>
 __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPoolWarps / warps_of(LAYOUT)
-                                               : d_split(D, LAYOUT) > 1 ? kMinBlocksDSplit
+                                               : d_split(D) > 1 ? kMinBlocksDSplit
                                                : (D >= 256 || NT == 2) ? kMinBlocksWide
                                                : LAYOUT == kContig || LAYOUT == kContigCluster ? kMinBlocks
                                                : LAYOUT == kAny      ? kMinBlocksLayout
                                                                      : kMinBlocksPaged) attention_kernel(const __grid_constant__ AttnArgs a) {
   constexpr int W = warps_of(LAYOUT);
-  using S = Shape<T, BITS, VBITS, D, NT, KDEN, STAGES, W, d_split(D, LAYOUT)>;
+  using S = Shape<T, BITS, VBITS, D, NT, KDEN, STAGES, W>;
   using F = typename S::F;
   using FV = typename S::FV;
   using Y = Ty<T>;
   constexpr bool kCl = kClusterCode && is_cluster(LAYOUT);  // merge in the cluster (a.cluster)
   constexpr bool kPl = is_pool(LAYOUT);  // the warps take their tiles from the block's pool
   constexpr bool kVF = vfold_for(D, BITS, VBITS, NT) && FV::kVCodes;  // values folded (kVFold)
-  static_assert(!kPl || (STAGES == 2 && d_split(D, LAYOUT) == 1), "the pool's loop: two stages, one warp per tile");
+  static_assert(!kPl || (STAGES == 2 && d_split(D) == 1), "the pool's loop: two stages, one warp per tile");
   constexpr int kRB = S::kRB, kC = S::kC, kKS = S::kKS, kRT = S::kRT, kMT = S::kMT;
   constexpr int kRBV = S::kRBV, kCV = S::kCV, kRBG = S::kRBG, kRBGV = S::kRBGV;
   constexpr int kTW = kTileTokens, kSCB = S::kSCB, kNZ = S::kNZ, kNGP = S::kNGP, kNGMax = S::kNGMax;
@@ -1649,25 +1642,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
     if constexpr (kCompact) rpos[lr] = int64_t(split) * rows_total + qrow_of(lr);  // (free after the loop)
   }
   __syncthreads();
-  if constexpr (kCompact) {  // this split's partials: the row's index from rpos, D a constant
-    static_assert(kRT * D % (W * 32) == 0, "whole rounds of the block's threads");
-#pragma unroll 4
-    for (int k = 0; k < kRT * D / (W * 32); ++k) {
-      const int idx = tid + k * W * 32, lr = idx / D, d = idx - lr * D;
-      if (lr >= nrows) break;
-      float acc = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kTG; ++w) acc = fmaf(mw[w * kRT + lr], ow[(w * kRT + lr) * D + osw(lr, d)], acc);
-      const int64_t prow = rpos[lr];
-      a.part_o[prow * D + d] = acc;
-      if (d == 0) {
-        const float mx = lw[kRT + lr];
-        a.part_m[prow] = mx == -INFINITY ? -INFINITY : mx * kLn2;
-        a.part_l[prow] = lw[lr];
-      }
-    }
-  }
-  for (int idx = tid; !kCompact && idx < nrows * D; idx += W * 32) {
+  for (int idx = tid; idx < nrows * D; idx += W * 32) {
     const int lr = idx / D, d = idx - lr * D, ds = osw(lr, d);
     float acc = 0.0f;
 #pragma unroll
@@ -1694,7 +1669,8 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
       store_t(a.out, a.dtype, a.omap.at(b, h, i) + d, acc * wgt);
       continue;
     }
-    const int64_t prow = int64_t(split) * rows_total + qrow_of(lr);
+    // (kCompact: the row's partial index from the per-row step, not a division by Lq per element)
+    const int64_t prow = kCompact ? rpos[lr] : int64_t(split) * rows_total + qrow_of(lr);
     a.part_o[prow * D + d] = acc;
     if (d == 0) {
       a.part_m[prow] = mx == -INFINITY ? -INFINITY : mx * kLn2;
@@ -1744,7 +1720,7 @@ inline cudaLaunchConfig_t launch_config(dim3 grid, int threads, int smem, cudaSt
 template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, int LAYOUT, int GC>
 cudaError_t launch(const AttnArgs& a, cudaStream_t stream) {
   constexpr int W = warps_of(LAYOUT);
-  using S = Shape<T, BITS, VBITS, D, NT, KDEN, STAGES, W, d_split(D, LAYOUT)>;
+  using S = Shape<T, BITS, VBITS, D, NT, KDEN, STAGES, W>;
   auto* kern = attention_kernel<T, BITS, VBITS, D, NT, KDEN, STAGES, LAYOUT, GC>;
   // The shared-memory opt-in, once per device (devices 0..63; others ask on every launch).
   static std::atomic<uint64_t> opted{0};
@@ -1783,7 +1759,7 @@ template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, in
 int cluster_fits(int splits) {
   if (!kClusterCode || !is_cluster(LAYOUT)) return 0;
   constexpr int W = warps_of(LAYOUT);
-  using S = Shape<T, BITS, VBITS, D, NT, KDEN, STAGES, W, d_split(D, LAYOUT)>;
+  using S = Shape<T, BITS, VBITS, D, NT, KDEN, STAGES, W>;
   auto* kern = attention_kernel<T, BITS, VBITS, D, NT, KDEN, STAGES, LAYOUT, GC>;
   if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem) != cudaSuccess ||
       cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {

@@ -615,7 +615,10 @@ TEST(CudaAttention, OneSplitWritesTheOutput) {
 // stores and their fallback), and again with the combine kernel.
 TEST(CudaAttention, TwoNTileInKernelMerge) {
   QSDPA_REQUIRE_CUDA();
-  const bool was_cluster = cuda::set_cluster_merge(false);
+  struct Restore {  // (also when an assertion ends the test early)
+    bool was = cuda::set_cluster_merge(false);
+    ~Restore() { cuda::set_cluster_merge(was); }
+  } restore;
   for (DType t : {DType::f16, DType::bf16})
     for (int D : {128, 64}) {
       // the first batch size whose plan merges 2 or more (D = 64: more than 8) splits in the kernel
@@ -662,7 +665,6 @@ TEST(CudaAttention, TwoNTileInKernelMerge) {
       EXPECT_EQ(run_problem(h, false), "") << "combine kernel: " << k.str();
       cuda::set_in_kernel_merge(was);
     }
-  cuda::set_cluster_merge(was_cluster);
 }
 
 TEST(CudaAttention, Windows) {
