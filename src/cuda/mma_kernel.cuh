@@ -180,6 +180,16 @@ constexpr bool kDirectOut = QSDPA_MMA_DIRECT_OUT != 0;
 #define QSDPA_MMA_SPAN_TAIL_SYNC 1
 #endif
 constexpr bool kSpanTailSync = QSDPA_MMA_SPAN_TAIL_SYNC != 0;
+// When a warp's next tile is copied. 0 (the form before 2026-12-03): at the top of each iteration,
+// once the current tile has arrived, into the other stage; one tile of the warp is in flight at
+// any time, and a warp with few tiles waits one memory latency per tile. 1: the first STAGES tiles
+// are issued before the loop, and each iteration issues tile it + STAGES into the stage it has
+// just read, after its math: two tiles in flight while the warp waits, one during its math, with
+// the same shared memory.
+#ifndef QSDPA_MMA_LATE_ISSUE
+#define QSDPA_MMA_LATE_ISSUE 1
+#endif
+constexpr bool kLateIssue = QSDPA_MMA_LATE_ISSUE != 0;
 // GC (template parameter): the group size as a compile-time constant (kGroupFixed), or 0 for the
 // group size of the call. With a constant group the per-group offsets, masks and the positions of
 // group ends are known to the compiler: the shared-memory addresses of the scales fold into the
@@ -1011,13 +1021,21 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
 
   // The pool's counter: the next tile no warp has taken (warps 0..W-1 start with tiles 0..W-1).
   int* pool = kPl ? reinterpret_cast<int*>(smem + S::kMain + S::kQ) : nullptr;
+  // (kLateIssue: tiles w and w + W for the pool's warp w, and the counter starts at 2 W; a paged
+  // layout issues its second tile after the query rows, below, when the page its issue looks up
+  // has come in behind the query rows' loads)
+  constexpr int kFirst = kLateIssue ? (kPg ? 1 : STAGES) : STAGES - 1;  // tiles issued here
   if constexpr (kPl) {
-    if (tid == 0) *pool = W;  // (read only after the barriers below)
+    if (tid == 0) *pool = kLateIssue ? 2 * W : W;  // (read only after the barriers below)
     if (warp < ntiles) issue(warp, 0);
     cp_commit();
+    if constexpr (kLateIssue) {
+      if (warp + W < ntiles) issue(warp + W, 1);
+      cp_commit();
+    }
   } else {
 #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
+    for (int s = 0; s < kFirst; ++s) {
       if (s < my_tiles) issue(s, s);
       cp_commit();
     }
@@ -1207,26 +1225,39 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
     zmask[zi] = v1 ? 0xffffffffu : v0 ? 0x0000ffffu : 0u;
   }
 
+  if constexpr (kLateIssue && !kPl && kFirst < STAGES) {  // (paged: the rest of the first tiles)
+#pragma unroll
+    for (int s = kFirst; s < STAGES; ++s) {
+      if (s < my_tiles) issue(s, s);
+      cp_commit();
+    }
+  }
+
   int stage = 0;
   int64_t t0 = t_first;
   // The pool: the warp's tile (cur) and the one it took next (nxt), copied one iteration ahead;
   // the tile after that is taken during the iteration (taken, lane 0's atomic), a shared-memory
   // round trip hidden behind the tile's math. Numbers at or past ntiles end the loop.
   int64_t cur = kPl ? warp : 0, nxt = 0;
-  if constexpr (kPl) nxt = __shfl_sync(0xffffffffu, lane == 0 ? atomicAdd(pool, 1) : 0, 0);
+  // (kLateIssue: nxt was issued before the loop, the tile taken during an iteration is issued at
+  // its end, into the stage of cur)
+  if constexpr (kPl) {
+    if constexpr (kLateIssue) nxt = warp + W;
+    else nxt = __shfl_sync(0xffffffffu, lane == 0 ? atomicAdd(pool, 1) : 0, 0);
+  }
   for (int64_t it = 0; kPl ? cur < ntiles : it < my_tiles;
        ++it, t0 += tile_step, stage = stage + 1 == STAGES ? 0 : stage + 1) {
-    cp_wait<STAGES - 2>();
+    cp_wait<kLateIssue ? STAGES - 1 : STAGES - 2>();
     __syncwarp();
     int taken = 0;
     if constexpr (kPl) {
       t0 = tb + cur * kTW;
-      if (nxt < ntiles) issue(nxt, stage ^ 1);
+      if (!kLateIssue && nxt < ntiles) issue(nxt, stage ^ 1);
       if (lane == 0) taken = atomicAdd(pool, 1);
-    } else if (it + STAGES - 1 < my_tiles) {
+    } else if (!kLateIssue && it + STAGES - 1 < my_tiles) {
       issue(it + STAGES - 1, stage == 0 ? STAGES - 1 : stage - 1);
     }
-    cp_commit();
+    if constexpr (!kLateIssue) cp_commit();
 
     const uint32_t sk = wring + uint32_t(stage * S::kStage), sv = sk + kTW * kRB;
     const uint32_t sks = sv + kTW * kRBV + uint32_t(soff);  // k scales of the tile's first token
@@ -1531,7 +1562,20 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
         }
       }
     }
-    if constexpr (kPl) cur = nxt, nxt = __shfl_sync(0xffffffffu, taken, 0);
+    if constexpr (kLateIssue) {
+      // every lane's reads of this stage are done: the warp's tile after next goes into it
+      __syncwarp();
+      if constexpr (kPl) {
+        taken = __shfl_sync(0xffffffffu, taken, 0);
+        if (taken < ntiles) issue(taken, stage);
+      } else if (it + STAGES < my_tiles) {
+        issue(it + STAGES, stage);
+      }
+      cp_commit();
+      if constexpr (kPl) cur = nxt, nxt = taken;
+    } else if constexpr (kPl) {
+      cur = nxt, nxt = __shfl_sync(0xffffffffu, taken, 0);
+    }
   }
 
   // ---- kVFold: the accumulators back to Σ p v (codes were c 2^-24 with c = n vfactor, weights
