@@ -180,16 +180,19 @@ constexpr bool kDirectOut = QSDPA_MMA_DIRECT_OUT != 0;
 #define QSDPA_MMA_SPAN_TAIL_SYNC 1
 #endif
 constexpr bool kSpanTailSync = QSDPA_MMA_SPAN_TAIL_SYNC != 0;
-// When a warp's next tile is copied. 0 (the form before 2026-12-03): at the top of each iteration,
-// once the current tile has arrived, into the other stage; one tile of the warp is in flight at
-// any time, and a warp with few tiles waits one memory latency per tile. 1: the first STAGES tiles
-// are issued before the loop, and each iteration issues tile it + STAGES into the stage it has
-// just read, after its math: two tiles in flight while the warp waits, one during its math, with
-// the same shared memory.
+// When a warp's next tile is copied. 0 (the default): at the top of each iteration, once the
+// current tile has arrived, into the other stage; one tile of the warp is in flight at any time.
+// 1: the first STAGES tiles are issued before the loop, and each iteration issues tile it + STAGES
+// into the stage it has just read, after its math: two tiles in flight while the warp waits, one
+// during its math, with the same shared memory. 2: the same in the d-split kernels (D = 512, whose
+// 4 warps stream one tile at a time) alone. Measured on an H200 (2026-12-03, run 66, 2 rounds, the
+// same tree built both ways, us per call, 1 against 0): slower almost everywhere (B=8 N=32768
+// 4-bit 83.9 / 81.9, 8-bit 143.5 / 141.2, B=1 N=131072 51.9 / 49.9, B=32 N=4096 48.5 / 46.6, B=1
+// N=4096 8-bit in graphs of 10 calls 11.6 / 10.6, D=256 39.3 / 37.7 and 52.7 / 50.5), Lq=4 the
+// same (110.6), faster at D=512 8-bit (73.0 / 74.8) and 16-token pages (90.1 / 90.9).
 #ifndef QSDPA_MMA_LATE_ISSUE
-#define QSDPA_MMA_LATE_ISSUE 1
+#define QSDPA_MMA_LATE_ISSUE 0
 #endif
-constexpr bool kLateIssue = QSDPA_MMA_LATE_ISSUE != 0;
 // GC (template parameter): the group size as a compile-time constant (kGroupFixed), or 0 for the
 // group size of the call. With a constant group the per-group offsets, masks and the positions of
 // group ends are known to the compiler: the shared-memory addresses of the scales fold into the
@@ -760,7 +763,7 @@ __device__ __noinline__ void merge_if_last_cold(const AttnArgs* a, float* scratc
 // kPaged, kPaged16, kAny, kContigCluster, kContigWide or kContigPool (above; warps_of(LAYOUT) warps
 // per block). GC: the group size, or 0 for a.k_group (above).
 template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, int LAYOUT, int GC>
-__global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPoolWarps / warps_of(LAYOUT)
+__global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? (NT == 2 ? 1 : kPoolWarps / warps_of(LAYOUT))
                                                : d_split(D) > 1 ? kMinBlocksDSplit
                                                : (D >= 256 || NT == 2) ? kMinBlocksWide
                                                : LAYOUT == kContig || LAYOUT == kContigCluster ? kMinBlocks
@@ -774,6 +777,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   constexpr bool kCl = kClusterCode && is_cluster(LAYOUT);  // merge in the cluster (a.cluster)
   constexpr bool kPl = is_pool(LAYOUT);  // the warps take their tiles from the block's pool
   constexpr bool kVF = vfold_for(D, BITS, VBITS, NT) && FV::kVCodes;  // values folded (kVFold)
+  constexpr bool kLateIssue = QSDPA_MMA_LATE_ISSUE == 1 || (QSDPA_MMA_LATE_ISSUE == 2 && d_split(D) > 1);
   static_assert(!kPl || (STAGES == 2 && d_split(D) == 1), "the pool's loop: two stages, one warp per tile");
   constexpr int kRB = S::kRB, kC = S::kC, kKS = S::kKS, kRT = S::kRT, kMT = S::kMT;
   constexpr int kRBV = S::kRBV, kCV = S::kCV, kRBG = S::kRBG, kRBGV = S::kRBGV;
