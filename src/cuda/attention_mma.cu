@@ -67,12 +67,11 @@ auto with_group(const AttnArgs& a, int kind, Fn&& fn) {
 }
 
 // Whether the tile pool's instantiations (mmak::kContigPool) can read `a`: contiguous caches, groups
-// of 64 as a constant, 4-bit keys and values, D = 128; two n-tiles of query rows only in blocks of
-// 8 warps (a.pool 2, one block per SM: 255 registers a thread).
+// of 64 as a constant, 4-bit keys and values, D = 128, one n-tile of query rows.
 bool pool_fits(const AttnArgs& a) {
   const int kind = layout_kind(a);
   return kind == mmak::kContig && fixed_group(a, kind) && a.k_bits == 4 && a.v_bits == 4 && a.D == 128 &&
-         (n_tiles(a) == 1 || a.pool != 1);
+         n_tiles(a) == 1;
 }
 
 // Calls fn.template operator()<LAYOUT, GC>() for the instantiation that reads `a`: its layout (the
@@ -156,8 +155,6 @@ int64_t mma_row_tiles(const AttnArgs& a) {
 int mma_layout_kind(const AttnArgs& a) { return mma_supports(a) ? layout_kind(a) : -1; }
 
 bool mma_pool_fits(const AttnArgs& a) { return mma_supports(a) && pool_fits(a); }
-
-int mma_block_rows(const AttnArgs& a) { return 8 * n_tiles(a); }
 
 bool mma_fixed_group(const AttnArgs& a) { return mma_supports(a) && fixed_group(a, layout_kind(a)); }
 

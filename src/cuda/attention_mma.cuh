@@ -23,14 +23,10 @@ int mma_layout_kind(const AttnArgs& a);
 // devices of compute capability 9.0; AttnArgs::sm90a).
 bool mma_fixed_group(const AttnArgs& a);
 
-// Whether the tile pool (AttnArgs::pool: 1, one block of 16 warps per multiprocessor; 2, blocks of
-// 8 warps; its warps taking tiles from a counter in shared memory) can run `a` with a.pool's
-// blocks: contiguous caches, groups of 64 on sm_90a, 4-bit keys and values, D = 128; more than 8
-// query rows per KV head (two n-tiles) in blocks of 8 warps only, one per multiprocessor.
+// Whether the tile pool (AttnArgs::pool: one block of 16 warps per multiprocessor, its warps taking
+// tiles from a counter in shared memory) can run `a`: contiguous caches, groups of 64 on sm_90a,
+// 4-bit keys and values, D = 128, at most 8 query rows per KV head.
 bool mma_pool_fits(const AttnArgs& a);
-
-// Query rows of a block: 8 or 16 (two n-tiles: more than 8 rows per KV head, D <= 128, not 2-bit).
-int mma_block_rows(const AttnArgs& a);
 
 // Token granularity of the splits: the dispatcher makes a.chunk a multiple of this.
 int mma_token_tile(const AttnArgs& a);

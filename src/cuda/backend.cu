@@ -84,10 +84,6 @@ std::atomic<int> g_pool_mode{env_digit("QSDPA_BLOCK_POOL", 3, 1)};
 // other shapes unchanged. QSDPA_POOL_CLUSTER=0 in the environment or cuda::set_pool_cluster (a
 // test hook) turns it off.
 std::atomic<bool> g_pool_cluster{env_digit("QSDPA_POOL_CLUSTER", 1, 1) == 1};
-// Whether the default mode (1) takes the pool's blocks of 8 warps for two n-tiles of query rows
-// (Lq = 4 with 4 query heads per KV head); QSDPA_POOL_TWO=0 in the environment keeps those calls
-// on the 4-warp blocks (a tuning knob: one build timed both ways).
-const bool g_pool_two = env_digit("QSDPA_POOL_TWO", 1, 1) == 1;
 // The pool is taken when the call's 32-token tiles are at least this many per warp of a full
 // wave of its blocks (16 warps per multiprocessor): the latency-bound small calls keep the 4-warp
 // blocks, which spread a few tiles over more blocks ...
@@ -350,23 +346,15 @@ bool current_device_facts(DeviceFacts* f) {
 // the first ones (H200 traces, 2026-12-02: a block's warps ended 1.6-1.8 us apart, the blocks of a
 // wave 20 us apart, B=32 N=4096 10 us apart), and the wave ended in a tail; warps of one block
 // that take tiles from one counter end together.
-// Two n-tiles of query rows (16 per row tile: Lq = 4 with 4 query heads per KV head) take blocks
-// of 8 warps at one per SM (255 registers a thread), or no pool.
 int pool_wanted(const AttnArgs& a, int64_t units, int64_t span, int sms) {
 #if QSDPA_HAVE_MMA
   const int mode = g_pool_mode.load(std::memory_order_relaxed);
-  AttnArgs probe = a;
-  probe.pool = 2;
-  if (mode == 0 || !cuda::mma_pool_fits(probe)) return 0;
-  const bool two = cuda::mma_block_rows(a) == 16;
-  if (mode >= 2) return two ? 2 : mode - 1;
+  if (mode == 0 || !cuda::mma_pool_fits(a)) return 0;
+  if (mode >= 2) return mode - 1;
   const int64_t tiles = units * ((span + cuda::kPoolTileTokens - 1) / cuda::kPoolTileTokens);
-  const int64_t warps_per_sm = two ? cuda::kPoolPairWarps : cuda::kPoolBlockWarps;
-  if (units <= 0 || tiles < int64_t(sms) * warps_per_sm * kPoolMinTilesPerWarp) return 0;
-  // (the splits of one round fill the slots: sms blocks of 16 warps, or 2 sms of 8; sms of 8
-  // warps with two n-tiles)
+  if (units <= 0 || tiles < int64_t(sms) * cuda::kPoolBlockWarps * kPoolMinTilesPerWarp) return 0;
+  // (the splits of one round fill the slots: sms blocks of 16 warps, or 2 sms of 8)
   const auto fills = [&](int64_t slots) { return double(units * (slots / units)) >= kPoolMinFill * slots; };
-  if (two) return g_pool_two && units <= sms && fills(sms) ? 2 : 0;
   if (units <= sms) return fills(sms) ? 1 : 0;
   return units <= 2 * sms && fills(2 * sms) ? 2 : 0;
 #else

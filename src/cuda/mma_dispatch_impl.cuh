@@ -20,17 +20,14 @@ namespace impl {
 // query so that both always name the same kernel. D is 64, 128 or 256 (2 bits: 128 or 256;
 // mma_supports), or 512 for the layout kContigWide alone.
 // 2 bits and GC != 0 (a constant group size): D is 128 or 256 only; 2 bits: one n-tile only.
-// The tile pool has 4-bit keys and values and D = 128 alone, one n-tile in blocks of 16 warps
-// (kContigPool, kContigPoolCluster), one or two in blocks of 8 (kContigPoolPair; pool_fits,
-// attention_mma.cu).
+// The tile pool (kContigPool, kContigPoolCluster) has 4-bit keys and values, D = 128 and one n-tile alone
+// (pool_fits, attention_mma.cu).
 template <int LAYOUT, bool MIXED, int GC, class Fn>
 auto visit(const AttnArgs& a, Fn&& fn) {
   const auto d = [&]<class T, int BITS, int VBITS>() {
     const bool two = n_tiles(a) == 2;
     if constexpr (LAYOUT == mmak::kContigWide) {  // D = 512 (the d-split instantiations: one n-tile)
       return fn.template operator()<T, BITS, VBITS, 512, 1>();
-    } else if constexpr (LAYOUT == mmak::kContigPoolPair) {  // (blocks of 8 warps: one or two n-tiles)
-      return two ? fn.template operator()<T, BITS, VBITS, 128, 2>() : fn.template operator()<T, BITS, VBITS, 128, 1>();
     } else if constexpr (mmak::is_pool(LAYOUT)) {
       return fn.template operator()<T, BITS, VBITS, 128, 1>();
     } else {

@@ -763,7 +763,7 @@ __device__ __noinline__ void merge_if_last_cold(const AttnArgs* a, float* scratc
 // kPaged, kPaged16, kAny, kContigCluster, kContigWide or kContigPool (above; warps_of(LAYOUT) warps
 // per block). GC: the group size, or 0 for a.k_group (above).
 template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, int LAYOUT, int GC>
-__global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? (NT == 2 ? 1 : kPoolWarps / warps_of(LAYOUT))
+__global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPoolWarps / warps_of(LAYOUT)
                                                : d_split(D) > 1 ? kMinBlocksDSplit
                                                : (D >= 256 || NT == 2) ? kMinBlocksWide
                                                : LAYOUT == kContig || LAYOUT == kContigCluster ? kMinBlocks
@@ -836,8 +836,15 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? (NT =
   const bool direct = kDirect && !kCl && a.counters && gridDim.y == 1;
   // the compact epilogue (kCompactEpi): the two-n-tile kernels that do not merge in clusters
   constexpr bool kCompact = kCompactEpi && NT == 2 && !kCl;
-  // (-DQSDPA_MMA_COMPACT_EPI=2, a tuning knob: the compact merge in the one-n-tile kernels too)
-  constexpr bool kCompactMerge = kCompact || (QSDPA_MMA_COMPACT_EPI == 2 && !kCl);
+  // The compact merge also in the d-split kernels (D = 512), where the planner takes the in-kernel
+  // merge only for 4 splits or fewer: measured on an H200 (2026-12-03, run 67, 2 rounds, the same
+  // tree built both ways, with -DQSDPA_MMA_COMPACT_EPI=2, which takes it in every one-n-tile
+  // kernel): D=512 4-bit 69.0 -> 66.3 us, 8-bit 74.9 -> 70.3 (the kernels' code placement: those
+  // calls merge in the combine kernel); in the D = 128 kernels it was slower where they merge 16-32
+  // splits in the kernel (B=1 N=131072 8-bit 80.8 -> 82.7), so 2 (every one-n-tile kernel) stays
+  // a tuning knob.
+  constexpr bool kCompactMerge =
+      kCompact || (!kCl && (QSDPA_MMA_COMPACT_EPI == 2 || (QSDPA_MMA_COMPACT_EPI == 1 && d_split(D) > 1)));
   if (tb >= te) {  // a split past this sequence's end (per-sequence lengths): no key, nothing else
     if (direct) {  // (no visible key: zeros, with or without a sink)
       for (int idx = tid; idx < nrows * D; idx += W * 32) {

@@ -399,19 +399,6 @@ TEST(CudaAttention, TilePoolBlocks) {
   c.dtype = DType::bf16, c.kf = c.vf = {4, 64}, c.D = 128;
   c.B = 2, c.Hq = 6, c.Hkv = 2, c.Lq = 2, c.N = 3001, c.window = 100, c.bool_mask = MaskKind::u32;  // 6 rows
   cases.push_back(c);
-  // two n-tiles (more than 8 rows per KV head): blocks of 8 warps in every pass
-  c = Case{};
-  c.dtype = DType::f16, c.kf = c.vf = {4, 64}, c.D = 128;
-  c.B = 2, c.Hq = 8, c.Hkv = 2, c.Lq = 4, c.N = 3000, c.sinks = true;  // 16 rows
-  cases.push_back(c);
-  c = Case{};
-  c.dtype = DType::bf16, c.kf = c.vf = {4, 64}, c.D = 128;
-  c.B = 1, c.Hq = 12, c.Hkv = 1, c.Lq = 1, c.N = 9000, c.window = 2500, c.float_mask = true;  // 12 rows
-  cases.push_back(c);
-  c = Case{};
-  c.dtype = DType::f16, c.kf = c.vf = {4, 64}, c.D = 128;
-  c.B = 3, c.Hq = 4, c.Hkv = 1, c.Lq = 3, c.N = 70, c.bool_mask = MaskKind::u8;  // 12 rows, 3 tiles
-  cases.push_back(c);
   uint64_t seed = 9900;
   int clustered = 0;
   // blocks of 16 warps: in the kernel, the combine kernel, clusters; blocks of 8: in the kernel,
@@ -428,8 +415,7 @@ TEST(CudaAttention, TilePoolBlocks) {
       cs.seed = seed++;
       test::Problem h(cs);
       test::DeviceProblem d(h);
-      const bool two = cs.Hq / cs.Hkv * cs.Lq > 8;
-      EXPECT_EQ(cuda::planned_pool(d.params()), want ? (pair || two ? 2 : 1) : 0) << how << cs.str();
+      EXPECT_EQ(cuda::planned_pool(d.params()), want ? (pair ? 2 : 1) : 0) << how << cs.str();
       const bool cl = cuda::uses_cluster_merge(d.params());
       if (want && merge < 2) {
         EXPECT_FALSE(cl) << how << cs.str();
@@ -451,10 +437,10 @@ TEST(CudaAttention, TilePoolBlocks) {
   cuda::set_in_kernel_merge(true);
   cuda::set_pool_cluster(true);
   alignas(16) static uint8_t dummy[64];  // (never dereferenced: the plan reads shapes alone)
-  const auto shape = [&](int64_t B, int64_t N, int bits, int64_t Lq = 1) {
+  const auto shape = [&](int64_t B, int64_t N, int bits) {
     AttentionParams p;
     p.dtype = DType::f16;
-    p.B = B, p.Hq = 32, p.Hkv = 8, p.Lq = Lq, p.N = N, p.D = 128;
+    p.B = B, p.Hq = 32, p.Hkv = 8, p.Lq = 1, p.N = N, p.D = 128;
     const auto* w = reinterpret_cast<const uint32_t*>(dummy);
     p.q = dummy, p.out = dummy;
     p.k = {{bits, 64}, w, dummy, dummy, {}};
@@ -477,14 +463,6 @@ TEST(CudaAttention, TilePoolBlocks) {
   EXPECT_EQ(cuda::planned_pool(shape(1, 131072, 4)), here ? 1 : 0);
   EXPECT_FALSE(cuda::uses_block_pool(shape(1, 4096, 4)));
   EXPECT_FALSE(cuda::uses_block_pool(shape(8, 32768, 8)));
-  // Lq = 4 (16 rows per KV head, two n-tiles): blocks of 8 warps, one per SM, 2 splits
-  EXPECT_EQ(cuda::planned_pool(shape(8, 32768, 4, 4)), here ? 2 : 0);
-  if (here) {
-    EXPECT_EQ(cuda::planned_splits(shape(8, 32768, 4, 4)), 2) << "64 row tiles x 2 splits, 1 block per SM";
-    EXPECT_FALSE(cuda::uses_cluster_merge(shape(8, 32768, 4, 4)));
-  }
-  EXPECT_FALSE(cuda::uses_block_pool(shape(8, 32768, 8, 4)));
-  EXPECT_FALSE(cuda::uses_block_pool(shape(1, 4096, 4, 4)));
   cuda::set_block_pool(0);
   EXPECT_FALSE(cuda::uses_block_pool(shape(8, 32768, 4)));
 }
