@@ -189,7 +189,9 @@ constexpr bool kSpanTailSync = QSDPA_MMA_SPAN_TAIL_SYNC != 0;
 // same tree built both ways, us per call, 1 against 0): slower almost everywhere (B=8 N=32768
 // 4-bit 83.9 / 81.9, 8-bit 143.5 / 141.2, B=1 N=131072 51.9 / 49.9, B=32 N=4096 48.5 / 46.6, B=1
 // N=4096 8-bit in graphs of 10 calls 11.6 / 10.6, D=256 39.3 / 37.7 and 52.7 / 50.5), Lq=4 the
-// same (110.6), faster at D=512 8-bit (73.0 / 74.8) and 16-token pages (90.1 / 90.9).
+// same (110.6), faster at D=512 8-bit (73.0 / 74.8) and 16-token pages (90.1 / 90.9). 2 (run 67):
+// D=512 4-bit 69.0 -> 67.7 us, 8-bit 74.9 -> 73.5, but the compact merge (kCompactMerge) gained
+// more there (66.3 / 70.3) and the two were not timed together: off.
 #ifndef QSDPA_MMA_LATE_ISSUE
 #define QSDPA_MMA_LATE_ISSUE 0
 #endif
