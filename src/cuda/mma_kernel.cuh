@@ -180,21 +180,6 @@ constexpr bool kDirectOut = QSDPA_MMA_DIRECT_OUT != 0;
 #define QSDPA_MMA_SPAN_TAIL_SYNC 1
 #endif
 constexpr bool kSpanTailSync = QSDPA_MMA_SPAN_TAIL_SYNC != 0;
-// When a warp's next tile is copied. 0 (the default): at the top of each iteration, once the
-// current tile has arrived, into the other stage; one tile of the warp is in flight at any time.
-// 1: the first STAGES tiles are issued before the loop, and each iteration issues tile it + STAGES
-// into the stage it has just read, after its math: two tiles in flight while the warp waits, one
-// during its math, with the same shared memory. 2: the same in the d-split kernels (D = 512, whose
-// 4 warps stream one tile at a time) alone. Measured on an H200 (2026-12-03, run 66, 2 rounds, the
-// same tree built both ways, us per call, 1 against 0): slower almost everywhere (B=8 N=32768
-// 4-bit 83.9 / 81.9, 8-bit 143.5 / 141.2, B=1 N=131072 51.9 / 49.9, B=32 N=4096 48.5 / 46.6, B=1
-// N=4096 8-bit in graphs of 10 calls 11.6 / 10.6, D=256 39.3 / 37.7 and 52.7 / 50.5), Lq=4 the
-// same (110.6), faster at D=512 8-bit (73.0 / 74.8) and 16-token pages (90.1 / 90.9). 2 (run 67):
-// D=512 4-bit 69.0 -> 67.7 us, 8-bit 74.9 -> 73.5, but the compact merge (kCompactMerge) gained
-// more there (66.3 / 70.3) and the two were not timed together: off.
-#ifndef QSDPA_MMA_LATE_ISSUE
-#define QSDPA_MMA_LATE_ISSUE 0
-#endif
 // GC (template parameter): the group size as a compile-time constant (kGroupFixed), or 0 for the
 // group size of the call. With a constant group the per-group offsets, masks and the positions of
 // group ends are known to the compiler: the shared-memory addresses of the scales fold into the
@@ -779,7 +764,6 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   constexpr bool kCl = kClusterCode && is_cluster(LAYOUT);  // merge in the cluster (a.cluster)
   constexpr bool kPl = is_pool(LAYOUT);  // the warps take their tiles from the block's pool
   constexpr bool kVF = vfold_for(D, BITS, VBITS, NT) && FV::kVCodes;  // values folded (kVFold)
-  constexpr bool kLateIssue = QSDPA_MMA_LATE_ISSUE == 1 || (QSDPA_MMA_LATE_ISSUE == 2 && d_split(D) > 1);
   static_assert(!kPl || (STAGES == 2 && d_split(D) == 1), "the pool's loop: two stages, one warp per tile");
   constexpr int kRB = S::kRB, kC = S::kC, kKS = S::kKS, kRT = S::kRT, kMT = S::kMT;
   constexpr int kRBV = S::kRBV, kCV = S::kCV, kRBG = S::kRBG, kRBGV = S::kRBGV;
@@ -841,12 +825,13 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   // The compact merge also in the d-split kernels (D = 512), where the planner takes the in-kernel
   // merge only for 4 splits or fewer: measured on an H200 (2026-12-03, run 67, 2 rounds, the same
   // tree built both ways, with -DQSDPA_MMA_COMPACT_EPI=2, which takes it in every one-n-tile
-  // kernel): D=512 4-bit 69.0 -> 66.3 us, 8-bit 74.9 -> 70.3 (the kernels' code placement: those
-  // calls merge in the combine kernel); in the D = 128 kernels it was slower where they merge 16-32
-  // splits in the kernel (B=1 N=131072 8-bit 80.8 -> 82.7), so 2 (every one-n-tile kernel) stays
-  // a tuning knob.
+  // kernel): D=512 4-bit 69.0 -> 66.3 us, 8-bit 74.9 -> 70.3 (the kernels' register allocation:
+  // those calls merge in the combine kernel); in the D = 128 kernels it was slower where they merge
+  // 16-32 splits in the kernel (B=1 N=131072 8-bit 80.8 -> 82.7), so 2 (every one-n-tile kernel)
+  // stays a tuning knob. (Two tiles of a warp in flight, issued after the math, was measured slower
+  // on an H200, run 66, and removed: e9bd3f3 holds it.)
   constexpr bool kCompactMerge =
-      kCompact || (!kCl && (QSDPA_MMA_COMPACT_EPI == 2 || (QSDPA_MMA_COMPACT_EPI == 1 && d_split(D) > 1)));
+      kCompact || (!kCl && (QSDPA_MMA_COMPACT_EPI == 2 || (kCompactEpi && d_split(D) > 1)));
   if (tb >= te) {  // a split past this sequence's end (per-sequence lengths): no key, nothing else
     if (direct) {  // (no visible key: zeros, with or without a sink)
       for (int idx = tid; idx < nrows * D; idx += W * 32) {
@@ -1034,21 +1019,13 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
 
   // The pool's counter: the next tile no warp has taken (warps 0..W-1 start with tiles 0..W-1).
   int* pool = kPl ? reinterpret_cast<int*>(smem + S::kMain + S::kQ) : nullptr;
-  // (kLateIssue: tiles w and w + W for the pool's warp w, and the counter starts at 2 W; a paged
-  // layout issues its second tile after the query rows, below, when the page its issue looks up
-  // has come in behind the query rows' loads)
-  constexpr int kFirst = kLateIssue ? (kPg ? 1 : STAGES) : STAGES - 1;  // tiles issued here
   if constexpr (kPl) {
-    if (tid == 0) *pool = kLateIssue ? 2 * W : W;  // (read only after the barriers below)
+    if (tid == 0) *pool = W;  // (read only after the barriers below)
     if (warp < ntiles) issue(warp, 0);
     cp_commit();
-    if constexpr (kLateIssue) {
-      if (warp + W < ntiles) issue(warp + W, 1);
-      cp_commit();
-    }
   } else {
 #pragma unroll
-    for (int s = 0; s < kFirst; ++s) {
+    for (int s = 0; s < STAGES - 1; ++s) {
       if (s < my_tiles) issue(s, s);
       cp_commit();
     }
@@ -1238,39 +1215,26 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
     zmask[zi] = v1 ? 0xffffffffu : v0 ? 0x0000ffffu : 0u;
   }
 
-  if constexpr (kLateIssue && !kPl && kFirst < STAGES) {  // (paged: the rest of the first tiles)
-#pragma unroll
-    for (int s = kFirst; s < STAGES; ++s) {
-      if (s < my_tiles) issue(s, s);
-      cp_commit();
-    }
-  }
-
   int stage = 0;
   int64_t t0 = t_first;
   // The pool: the warp's tile (cur) and the one it took next (nxt), copied one iteration ahead;
   // the tile after that is taken during the iteration (taken, lane 0's atomic), a shared-memory
   // round trip hidden behind the tile's math. Numbers at or past ntiles end the loop.
   int64_t cur = kPl ? warp : 0, nxt = 0;
-  // (kLateIssue: nxt was issued before the loop, the tile taken during an iteration is issued at
-  // its end, into the stage of cur)
-  if constexpr (kPl) {
-    if constexpr (kLateIssue) nxt = warp + W;
-    else nxt = __shfl_sync(0xffffffffu, lane == 0 ? atomicAdd(pool, 1) : 0, 0);
-  }
+  if constexpr (kPl) nxt = __shfl_sync(0xffffffffu, lane == 0 ? atomicAdd(pool, 1) : 0, 0);
   for (int64_t it = 0; kPl ? cur < ntiles : it < my_tiles;
        ++it, t0 += tile_step, stage = stage + 1 == STAGES ? 0 : stage + 1) {
-    cp_wait<kLateIssue ? STAGES - 1 : STAGES - 2>();
+    cp_wait<STAGES - 2>();
     __syncwarp();
     int taken = 0;
     if constexpr (kPl) {
       t0 = tb + cur * kTW;
-      if (!kLateIssue && nxt < ntiles) issue(nxt, stage ^ 1);
+      if (nxt < ntiles) issue(nxt, stage ^ 1);
       if (lane == 0) taken = atomicAdd(pool, 1);
-    } else if (!kLateIssue && it + STAGES - 1 < my_tiles) {
+    } else if (it + STAGES - 1 < my_tiles) {
       issue(it + STAGES - 1, stage == 0 ? STAGES - 1 : stage - 1);
     }
-    if constexpr (!kLateIssue) cp_commit();
+    cp_commit();
 
     const uint32_t sk = wring + uint32_t(stage * S::kStage), sv = sk + kTW * kRB;
     const uint32_t sks = sv + kTW * kRBV + uint32_t(soff);  // k scales of the tile's first token
@@ -1575,20 +1539,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
         }
       }
     }
-    if constexpr (kLateIssue) {
-      // every lane's reads of this stage are done: the warp's tile after next goes into it
-      __syncwarp();
-      if constexpr (kPl) {
-        taken = __shfl_sync(0xffffffffu, taken, 0);
-        if (taken < ntiles) issue(taken, stage);
-      } else if (it + STAGES < my_tiles) {
-        issue(it + STAGES, stage);
-      }
-      cp_commit();
-      if constexpr (kPl) cur = nxt, nxt = taken;
-    } else if constexpr (kPl) {
-      cur = nxt, nxt = __shfl_sync(0xffffffffu, taken, 0);
-    }
+    if constexpr (kPl) cur = nxt, nxt = __shfl_sync(0xffffffffu, taken, 0);
   }
 
   // ---- kVFold: the accumulators back to Σ p v (codes were c 2^-24 with c = n vfactor, weights
