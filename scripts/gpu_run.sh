@@ -307,12 +307,14 @@ tcli="build-tune-trace/tools/qsdpa"
 if [ -n "$trace_pid" ] && [ -x "$tcli" ]; then
   t0=$(elapsed)
   : >"$out/trace.txt"
-  while IFS='|' read -r name shape; do
+  # (a line is name|bench flags, or name|bench flags|VAR=VALUE ... for the library's environment)
+  while IFS='|' read -r name shape tenv; do
     [ -z "$name" ] && continue
     [ "$(limit 30 5)" -lt 20 ] && break
-    QSDPA_TRACE_FILE="$out/trace_$name.jsonl" QSDPA_TRACE_SKIP=14 QSDPA_TRACE_CALLS=3 \
+    read -r -a tenv_a <<<"${tenv:-}"
+    env "${tenv_a[@]}" QSDPA_TRACE_FILE="$out/trace_$name.jsonl" QSDPA_TRACE_SKIP=14 QSDPA_TRACE_CALLS=3 \
       timeout "$(limit 30 5)" "$tcli" bench --backend cuda --no-torch $shape --iters 20 >>"$out/trace.log" 2>&1
-    python3 scripts/trace_summary.py "$out/trace_$name.jsonl" "$name ($shape)" >>"$out/trace.txt" 2>&1
+    python3 scripts/trace_summary.py "$out/trace_$name.jsonl" "$name ($shape${tenv:+; $tenv})" >>"$out/trace.txt" 2>&1
   done <<<"${QSDPA_GPU_TRACE_SHAPES:-b8|--B 8 --N 32768 --bits 4
 b8q8|--B 8 --N 32768 --bits 8
 b1n131k|--B 1 --N 131072 --bits 4

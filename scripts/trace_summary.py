@@ -43,6 +43,18 @@ def main():
         # (and thread 0's epilogue: loop end -> stores issued -> arrival's atomic returned)
         sto = [b[11] - b[5] for b in bl if len(b) > 11 and b[11] > 0]
         arr = [b[12] - b[11] for b in bl if len(b) > 12 and b[12] > 0 and b[11] > 0]
+        # (records with thread 0's steps, mma_kernel.cuh kTraceProlog..kTraceMerge2) the phases
+        def ph(i, j, merged=None):
+            return [b[j] - b[i] for b in bl if len(b) > max(i, j) and (b[i] > 0 or i == 4) and b[j] > 0
+                    and (merged is None or bool(b[3]) == merged)]
+        steps = []
+        if len(bl[0]) > 18:
+            steps = [("start -> query rows ready", ph(4, 13)), ("start -> first tile in", ph(4, 14)),
+                     ("loop end -> o stored", ph(5, 15)), ("o stored -> per-row step", ph(15, 16)),
+                     ("per-row step -> stores issued", ph(16, 11)),
+                     ("stores -> merge step 1 (cluster barrier / m, l loaded)", ph(11, 17)),
+                     ("merge step 1 -> step 2 (weights)", ph(17, 18)), ("merge step 2 -> end", ph(18, 6)),
+                     ("arrival -> m, l loaded (merging blocks)", ph(12, 17, True))]
         span = max(end)
         sms = {}
         for b in bl:
@@ -67,6 +79,9 @@ def main():
             print(f"  warps' loop ends within a block, last - first: {five(wsp)}")
         if sto:
             print(f"  loop end -> partial stores issued: {five(sto)}; -> arrival's atomic back: {five(arr)}")
+        for name, v in steps:
+            if v:
+                print(f"  {name}: {five(v)}")
         print(f"  SMs' last block end {five(sm_last)}; running blocks per tenth: {act}; "
               f"slot-time used {busy * 100:.0f} %")
         # the splits of each row tile (a cluster when they merge in clusters): how far apart they

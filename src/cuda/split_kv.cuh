@@ -110,14 +110,15 @@ struct AttnArgs {
   // %globaltimer at its start, after its token loop (all warps) and at its end, then smid | (did the
   // in-kernel merge) << 32, then when each of its 4 warps left its own loop, then (thread 0) when
   // it had issued its partial stores and when its arrival's atomic returned (0: no in-kernel
-  // merge); [0], [1]: gridDim.x, gridDim.y
+  // merge), then thread 0's steps (mma_kernel.cuh, kTraceProlog ... kTraceMerge2); [0], [1]:
+  // gridDim.x, gridDim.y
   unsigned long long* trace;
 #endif
 };
 
 // (trace builds) the u64 words of a block's record, and the blocks recorded (the first of the
 // grid): see AttnArgs::trace
-constexpr int kTraceBlockWords = 10;
+constexpr int kTraceBlockWords = 16;
 constexpr int64_t kTraceMaxBlocks = 1 << 16;
 
 // The tensor-core kernel's token tile (one warp's 32 tokens), and the warps of a block of its tile
