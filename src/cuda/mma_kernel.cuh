@@ -500,7 +500,7 @@ __device__ __forceinline__ void cluster_merge_pushed(const AttnArgs& a, const fl
       int i;
       const float sk = a.sinks[kvh * rep + row_head(r0 + lr, Lq, i)] * kLog2e;
       mx = fmaxf(mx, sk);
-      denom = ex2(sk - mx);
+      denom = ex2(sk - mx);  // (the sink: a logit of its own, no value)
     }
 #pragma unroll
     for (int s = 0; s < kMaxClusterSplits; ++s) {
