@@ -82,9 +82,8 @@ int resident(const AttnArgs& a) {
     if (auto it = cache.find(dev); it != cache.end()) return it->second;
     auto* kern = mmak::attention_kernel<T, BITS, VBITS, D, NT, kKeyDenorm, kStages, LAYOUT, GC>;
     int n = 0;
-    constexpr int kSmem = mmak::smem_bytes<S, LAYOUT>();
-    if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, W * 32, kSmem) != cudaSuccess) {
+    if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, W * 32, S::kSmem) != cudaSuccess) {
       cudaGetLastError();
       return 1;  // not cached: asked again next time
     }

@@ -324,34 +324,14 @@ constexpr bool kClusterCode = false;
 #else
 constexpr bool kClusterCode = true;
 #endif
-// The cluster merge in push form (-DQSDPA_MMA_CLUSTER_PUSH=1, an experiment): once its loop and
-// its warps' merge are done, each block stores its state of the row tile into the other blocks'
-// shared memory (a mailbox after the kernel's own space: every block's m and l of each row, and
-// of o the share of the row tile's nrows x D outputs that block r of the cluster writes), passes
-// one cluster barrier and merges its share from its own mailbox. The pull form (0) passes a
-// barrier, reads every block's m and l, then o, across the cluster, and passes a second barrier.
-#ifndef QSDPA_MMA_CLUSTER_PUSH
-#define QSDPA_MMA_CLUSTER_PUSH 0
+// The query rows' loads issued before the cache's first tiles (-DQSDPA_MMA_Q_FIRST=0: after them,
+// as before). H200 traces (2026-12-03, run 69, a block's steps): with the rows' loads behind the
+// first tiles, a block had its query rows ready 2.8 us after its start at B=1 N=4096 4-bit, 4.5 us
+// at B=8 N=32768 and B=32 N=4096, 7.0 us at Lq=4; nothing of the token loop runs before.
+#ifndef QSDPA_MMA_Q_FIRST
+#define QSDPA_MMA_Q_FIRST 1
 #endif
-constexpr bool kClusterPush = QSDPA_MMA_CLUSTER_PUSH != 0;
-// The mailbox (floats): o [S][P] with P = mailbox_share(nrows x D, S), then m [kMaxClusterSplits][RT]
-// and l [kMaxClusterSplits][RT].
-template <int RT, int D>
-constexpr int mailbox_o_floats() {
-  return RT * D + 4 * kMaxClusterSplits;
-}
-template <int RT, int D>
-constexpr int mailbox_bytes() {
-  return (mailbox_o_floats<RT, D>() + 2 * kMaxClusterSplits * RT) * 4;
-}
-// Outputs of the row tile each block of a cluster of S merges: a multiple of 4, S of them cover n.
-__host__ __device__ constexpr int mailbox_share(int n, int S) { return ((n + S - 1) / S + 3) / 4 * 4; }
-// The dynamic shared memory of an instantiation: its Shape's, plus the mailbox of a cluster layout
-// when the merge pushes.
-template <class S, int LAYOUT>
-constexpr int smem_bytes() {
-  return S::kSmem + (kClusterCode && kClusterPush && is_cluster(LAYOUT) ? mailbox_bytes<S::kRT, S::kDW * S::kDS>() : 0);
-}
+constexpr bool kQFirst = QSDPA_MMA_Q_FIRST != 0;
 
 #if QSDPA_MMA_TRACE
 __device__ __forceinline__ unsigned long long global_ns() {
@@ -466,70 +446,6 @@ __device__ __forceinline__ void cluster_combine(const AttnArgs& a, const float* 
   cluster_sync();
 }
 
-
-// The cluster merge in push form (kClusterPush): every block of the cluster has stored its m and l
-// of each row into mailbox m and l [its rank][row] of every block, and its o of the row tile's
-// output f into block f / P's mailbox o [its rank][f % P] (P = mailbox_share(nrows x D, S)); a split
-// that sees no key stores m = -inf and l = 0 and may leave its o unstored. After the cluster
-// barrier, each block turns the rows' S (m, l) into weights (as cluster_combine does, with the
-// row's sink) in `wgt` ([kRT][kMaxClusterSplits], its own scratch space) and writes its P outputs.
-// No block reads another's shared memory, so none waits for the others after the barrier.
-template <int D, int RT, int W>
-__device__ __forceinline__ void cluster_merge_pushed(const AttnArgs& a, const float* mbox, float* wgt, int nrows,
-                                                     int r0, int64_t b, int64_t kvh, int rep, int Lq) {
-  cluster_sync();  // (release / acquire: every block's stores into this mailbox are seen)
-#if QSDPA_MMA_TRACE
-  QSDPA_TRACE_STEP(a, kTraceMerge1);
-#endif
-  const int rank = int(cluster_rank()), S = int(cluster_size()), tid = int(threadIdx.x);
-  const int P = mailbox_share(nrows * D, S);
-  const float* mo = mbox;
-  const float* mm = mbox + mailbox_o_floats<RT, D>();
-  const float* ml = mm + kMaxClusterSplits * RT;
-  if (tid < nrows) {
-    const int lr = tid;
-    float ms[kMaxClusterSplits];
-    float mx = -INFINITY;
-#pragma unroll
-    for (int s = 0; s < kMaxClusterSplits; ++s) {
-      ms[s] = s < S ? mm[s * RT + lr] : -INFINITY;
-      mx = fmaxf(mx, ms[s]);
-    }
-    float denom = 0.0f;
-    if (mx != -INFINITY && a.sinks) {  // (no visible key: zeros, with or without a sink)
-      int i;
-      const float sk = a.sinks[kvh * rep + row_head(r0 + lr, Lq, i)] * kLog2e;
-      mx = fmaxf(mx, sk);
-      denom = ex2(sk - mx);  // (the sink: a logit of its own, no value)
-    }
-#pragma unroll
-    for (int s = 0; s < kMaxClusterSplits; ++s) {
-      ms[s] = ms[s] == -INFINITY ? 0.0f : ex2(ms[s] - mx);
-      if (s < S) denom = fmaf(ms[s], ml[s * RT + lr], denom);
-    }
-    const float inv = mx == -INFINITY ? 0.0f : 1.0f / denom;
-#pragma unroll
-    for (int s = 0; s < kMaxClusterSplits; ++s) wgt[lr * kMaxClusterSplits + s] = ms[s] * inv;
-  }
-  __syncthreads();
-#if QSDPA_MMA_TRACE
-  QSDPA_TRACE_STEP(a, kTraceMerge2);
-#endif
-  const int f0 = rank * P, f1 = min(f0 + P, nrows * D);
-  for (int f = f0 + tid; f < f1; f += W * 32) {
-    const int lr = f / D, d = f - lr * D;
-    float acc = 0.0f;
-#pragma unroll
-    for (int s = 0; s < kMaxClusterSplits; ++s) {
-      if (s >= S) break;
-      const float w = wgt[lr * kMaxClusterSplits + s];
-      if (w != 0.0f) acc = fmaf(w, mo[s * P + (f - f0)], acc);  // (weight 0: o may be unstored)
-    }
-    int i;
-    const int64_t h = kvh * rep + row_head(r0 + lr, Lq, i);
-    store_t(a.out, a.dtype, a.omap.at(b, h, i) + d, acc);
-  }
-}
 
 // The in-kernel merge's arrival, two ways: sequentially consistent fences (__threadfence,
 // MEMBAR.SC.GPU in SASS) in every thread before it and after it, with a relaxed atomicAdd; or the
@@ -909,10 +825,6 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
 #if QSDPA_MMA_TRACE
   const unsigned long long tr_start = global_ns();
 #endif
-  // (the push merge: this block has started; the first store into another block's mailbox waits
-  // for all of them)
-  constexpr bool kPush = kClusterCode && kClusterPush && is_cluster(LAYOUT);
-  if constexpr (kPush) cluster_arrive_relaxed();
 
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
   // d-split: warp = tgrp * kDS + dc streams the tiles of group tgrp, head dims [dc kDW, (dc + 1) kDW)
@@ -971,21 +883,8 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
       return;
     }
     if (kCl) {  // the cluster's other splits still merge with this one's (empty) state
-      if constexpr (kPush) {
-        const float* mbox = reinterpret_cast<const float*>(smem + S::kSmem);
-        const uint32_t am = smem_addr(mbox + mailbox_o_floats<kRT, D>()), al = am + kMaxClusterSplits * kRT * 4;
-        const int rank = int(cluster_rank()), cs = int(cluster_size());
-        cluster_wait();
-        for (int lr = tid; lr < nrows; lr += W * 32)
-          for (int s = 0; s < cs; ++s) {
-            st_cluster_f32(am + uint32_t((rank * kRT + lr) * 4), uint32_t(s), -INFINITY);
-            st_cluster_f32(al + uint32_t((rank * kRT + lr) * 4), uint32_t(s), 0.0f);
-          }
-        cluster_merge_pushed<D, kRT, W>(a, mbox, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
-      } else {
-        for (int lr = tid; lr < kRT; lr += W * 32) qc[lr] = -INFINITY, qc[kRT + lr] = 0.0f;
-        cluster_combine<D, kRT, W>(a, qc, qc + kRT, qf, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
-      }
+      for (int lr = tid; lr < kRT; lr += W * 32) qc[lr] = -INFINITY, qc[kRT + lr] = 0.0f;
+      cluster_combine<D, kRT, W>(a, qc, qc + kRT, qf, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
       return;
     }
     const int64_t rows_all = a.B * a.Hq * a.Lq;
@@ -1158,21 +1057,9 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
     }
   };
 
-  // The pool's counter: the next tile no warp has taken (warps 0..W-1 start with tiles 0..W-1).
-  int* pool = kPl ? reinterpret_cast<int*>(smem + S::kMain + S::kQ) : nullptr;
-  if constexpr (kPl) {
-    if (tid == 0) *pool = W;  // (read only after the barriers below)
-    if (warp < ntiles) issue(warp, 0);
-    cp_commit();
-  } else {
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < my_tiles) issue(s, s);
-      cp_commit();
-    }
-  }
-
-  // ---- query rows: scaled copy in f32, per-row scale, per-group sums --------------------------
+  // ---- query rows: their loads go out first, ahead of the cache's first tiles ------------------
+  // (kQFirst: the rows' loads are issued before the tiles' copies, so that they do not wait behind
+  // them in the memory system; the block computes nothing before the rows are in)
   float* qo = qc + kRT * kNGMax;                          // [kRT][kNGMax]  Σ_g mu q
   float* rowc = qo + kRT * kNGMax;                        // [kRT] logit factor (log2 units)
   int64_t* rpos = reinterpret_cast<int64_t*>(rowc + kRT);  // [kRT] position N - Lq + i (-1: none)
@@ -1193,17 +1080,37 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
     const int hl = row_head(r0 + lr, Lq, i);
     return a.mmap.at(b, kvh * rep + hl, i);
   };
-  {
-    // All loads first, then the stores: one memory latency for the block, not one per element
-    // (the generic stores could otherwise alias the loads and serialize them).
-    const uint16_t* q16 = static_cast<const uint16_t*>(a.q);
-    constexpr int kQPer = (kRT * D + W * 32 - 1) / (W * 32);
-    uint16_t qv[kQPer];
+  // All loads first, then the stores: one memory latency for the block, not one per element
+  // (the generic stores could otherwise alias the loads and serialize them).
+  const uint16_t* q16 = static_cast<const uint16_t*>(a.q);
+  constexpr int kQPer = (kRT * D + W * 32 - 1) / (W * 32);
+  uint16_t qv[kQPer];
+  const auto load_q = [&]() {
 #pragma unroll
     for (int k = 0; k < kQPer; ++k) {
       const int idx = tid + k * W * 32, lr = idx / D, d = idx - lr * D;
       qv[k] = idx < kRT * D && lr < nrows ? __ldg(q16 + (q_off(lr) + d)) : uint16_t(0);
     }
+  };
+  if constexpr (kQFirst) load_q();
+
+  // The pool's counter: the next tile no warp has taken (warps 0..W-1 start with tiles 0..W-1).
+  int* pool = kPl ? reinterpret_cast<int*>(smem + S::kMain + S::kQ) : nullptr;
+  if constexpr (kPl) {
+    if (tid == 0) *pool = W;  // (read only after the barriers below)
+    if (warp < ntiles) issue(warp, 0);
+    cp_commit();
+  } else {
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < my_tiles) issue(s, s);
+      cp_commit();
+    }
+  }
+
+  // ---- query rows: scaled copy in f32, per-row scale, per-group sums --------------------------
+  if constexpr (!kQFirst) load_q();
+  {
 #pragma unroll
     for (int k = 0; k < kQPer; ++k) {
       const int idx = tid + k * W * 32;
@@ -1803,17 +1710,6 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
 #if QSDPA_MMA_TRACE
   QSDPA_TRACE_STEP(a, kTraceRowStep);
 #endif
-  // (the push merge: where this block's state goes, once every block of the cluster has started)
-  [[maybe_unused]] uint32_t pm_o = 0, pm_m = 0, pm_l = 0;
-  [[maybe_unused]] int pm_rank = 0, pm_size = 1, pm_share = 1;
-  if constexpr (kPush) {
-    pm_o = smem_addr(smem + S::kSmem);
-    pm_m = pm_o + uint32_t(mailbox_o_floats<kRT, D>() * 4);
-    pm_l = pm_m + uint32_t(kMaxClusterSplits * kRT * 4);
-    pm_rank = int(cluster_rank()), pm_size = int(cluster_size());
-    pm_share = mailbox_share(nrows * D, pm_size);
-    cluster_wait();
-  }
   for (int idx = tid; idx < nrows * D; idx += W * 32) {
     const int lr = idx / D, d = idx - lr * D, ds = osw(lr, d);
     float acc = 0.0f;
@@ -1821,16 +1717,6 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
     for (int w = 0; w < kTG; ++w) acc = fmaf(mw[w * kRT + lr], ow[(w * kRT + lr) * D + ds], acc);
     const float l = lw[lr], mx = lw[kRT + lr];
     if (kCl) {  // this split's state, for cluster_combine (the query rows' space is free now)
-      if constexpr (kPush) {  // ... or into the mailboxes (cluster_merge_pushed)
-        const int owner = idx / pm_share;
-        st_cluster_f32(pm_o + uint32_t((pm_rank * pm_share + idx - owner * pm_share) * 4), uint32_t(owner), acc);
-        if (d == 0)
-          for (int s = 0; s < pm_size; ++s) {
-            st_cluster_f32(pm_m + uint32_t((pm_rank * kRT + lr) * 4), uint32_t(s), mx);
-            st_cluster_f32(pm_l + uint32_t((pm_rank * kRT + lr) * 4), uint32_t(s), l);
-          }
-        continue;
-      }
       qf[lr * D + d] = acc;
       if (d == 0) qc[lr] = mx, qc[kRT + lr] = l;
       continue;
@@ -1862,11 +1748,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
 #if QSDPA_MMA_TRACE
   if (unsigned long long* e = trace_record(a); e && tid == 0) e[kTraceStores] = global_ns();  // (its stores issued)
 #endif
-  if constexpr (kPush)
-    cluster_merge_pushed<D, kRT, W>(a, reinterpret_cast<const float*>(smem + S::kSmem), reinterpret_cast<float*>(smem),
-                                    nrows, r0, b, kvh, rep, Lq);
-  else if (kCl)
-    cluster_combine<D, kRT, W>(a, qc, qc + kRT, qf, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
+  if (kCl) cluster_combine<D, kRT, W>(a, qc, qc + kRT, qf, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
   // (its scratch space: the warps' states, free once every thread has passed its first barrier)
   else if (a.counters && !direct) {
     if constexpr (kCompactMerge) merge_if_last_compact<T, D, kRT, W>(a, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
@@ -1914,7 +1796,7 @@ cudaError_t launch(const AttnArgs& a, cudaStream_t stream) {
   if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
   const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
   if (!(opted.load(std::memory_order_acquire) & bit)) {
-    if (cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<S, LAYOUT>());
+    if (cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
         e != cudaSuccess)
       return e;
     // The combine kernel that follows asks for the same carveout (combine.cu): no switch of the
@@ -1932,10 +1814,10 @@ cudaError_t launch(const AttnArgs& a, cudaStream_t stream) {
   const int cluster = is_cluster(LAYOUT) ? a.num_splits : 0;
   if (cluster > 0 || a.pdl) {
     cudaLaunchAttribute attr[2];
-    const cudaLaunchConfig_t cfg = launch_config(grid, W * 32, smem_bytes<S, LAYOUT>(), stream, cluster, a.pdl != 0, attr);
+    const cudaLaunchConfig_t cfg = launch_config(grid, W * 32, S::kSmem, stream, cluster, a.pdl != 0, attr);
     return cudaLaunchKernelEx(&cfg, kern, a);
   }
-  kern<<<grid, W * 32, smem_bytes<S, LAYOUT>(), stream>>>(a);
+  kern<<<grid, W * 32, S::kSmem, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -1947,14 +1829,14 @@ int cluster_fits(int splits) {
   constexpr int W = warps_of(LAYOUT);
   using S = Shape<T, BITS, VBITS, D, NT, KDEN, STAGES, W>;
   auto* kern = attention_kernel<T, BITS, VBITS, D, NT, KDEN, STAGES, LAYOUT, GC>;
-  if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<S, LAYOUT>()) != cudaSuccess ||
+  if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem) != cudaSuccess ||
       cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
   cudaLaunchAttribute attr[2];
   const cudaLaunchConfig_t cfg =
-      launch_config(dim3(1u, unsigned(splits), 1u), W * 32, smem_bytes<S, LAYOUT>(), nullptr, splits, false, attr);
+      launch_config(dim3(1u, unsigned(splits), 1u), W * 32, S::kSmem, nullptr, splits, false, attr);
   int n = 0;
   if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess) {
     cudaGetLastError();

@@ -69,29 +69,6 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 #endif
 }
-// The split barrier's halves: every thread of the cluster arrives (relaxed: no memory order), and
-// later waits for all of them (used to know that every block of the cluster has started, before
-// the first store into another block's shared memory).
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
-#endif
-}
-// A 32-bit store into block `rank`'s shared memory at the offset of `addr` in this block's.
-__device__ __forceinline__ void st_cluster_f32(uint32_t addr, uint32_t rank, float v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t ra;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(ra) : "r"(addr), "r"(rank));
-  asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(ra), "f"(v) : "memory");
-#else
-  (void)addr, (void)rank, (void)v;
-#endif
-}
 __device__ __forceinline__ float ld_cluster_f32(uint32_t addr, uint32_t rank) {
   float v = 0.0f;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
