@@ -332,6 +332,12 @@ constexpr bool kClusterCode = true;
 #define QSDPA_MMA_Q_FIRST 1
 #endif
 constexpr bool kQFirst = QSDPA_MMA_Q_FIRST != 0;
+// The warp's second tile issued before the query rows too, beside its first (-DQSDPA_MMA_PRO2=1, an
+// experiment; blocks with a static share of tiles and two stages only): two tiles in flight while
+// the rows are prepared, the second no longer issued once the first is in.
+#ifndef QSDPA_MMA_PRO2
+#define QSDPA_MMA_PRO2 0
+#endif
 
 #if QSDPA_MMA_TRACE
 __device__ __forceinline__ unsigned long long global_ns() {
@@ -803,6 +809,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   using Y = Ty<T>;
   constexpr bool kCl = kClusterCode && is_cluster(LAYOUT);  // merge in the cluster (a.cluster)
   constexpr bool kPl = is_pool(LAYOUT);  // the warps take their tiles from the block's pool
+  constexpr bool kPro2 = QSDPA_MMA_PRO2 != 0 && !kPl && STAGES == 2;  // (QSDPA_MMA_PRO2)
   constexpr bool kVF = vfold_for(D, BITS, VBITS, NT) && FV::kVCodes;  // values folded (kVFold)
   static_assert(!kPl || (STAGES == 2 && d_split(D) == 1), "the pool's loop: two stages, one warp per tile");
   constexpr int kRB = S::kRB, kC = S::kC, kKS = S::kKS, kRT = S::kRT, kMT = S::kMT;
@@ -1106,6 +1113,10 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
       if (s < my_tiles) issue(s, s);
       cp_commit();
     }
+    if constexpr (kPro2) {  // (the second tile, its own group)
+      if (1 < my_tiles) issue(1, 1);
+      cp_commit();
+    }
   }
 
   // ---- query rows: scaled copy in f32, per-row scale, per-group sums --------------------------
@@ -1275,7 +1286,10 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   if constexpr (kPl) nxt = __shfl_sync(0xffffffffu, lane == 0 ? atomicAdd(pool, 1) : 0, 0);
   for (int64_t it = 0; kPl ? cur < ntiles : it < my_tiles;
        ++it, t0 += tile_step, stage = stage + 1 == STAGES ? 0 : stage + 1) {
-    cp_wait<STAGES - 2>();
+    if (kPro2 && it == 0)
+      cp_wait<1>();  // (the first tile; the second may still be in flight)
+    else
+      cp_wait<STAGES - 2>();
     __syncwarp();
 #if QSDPA_MMA_TRACE
     if (it == 0) QSDPA_TRACE_STEP(a, kTraceFirst);
@@ -1285,7 +1299,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
       t0 = tb + cur * kTW;
       if (nxt < ntiles) issue(nxt, stage ^ 1);
       if (lane == 0) taken = atomicAdd(pool, 1);
-    } else if (it + STAGES - 1 < my_tiles) {
+    } else if (it + STAGES - 1 < my_tiles && !(kPro2 && it == 0)) {
       issue(it + STAGES - 1, stage == 0 ? STAGES - 1 : stage - 1);
     }
     cp_commit();
