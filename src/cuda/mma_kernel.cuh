@@ -324,19 +324,17 @@ constexpr bool kClusterCode = false;
 #else
 constexpr bool kClusterCode = true;
 #endif
-// The query rows' loads issued before the cache's first tiles (-DQSDPA_MMA_Q_FIRST=0: after them,
-// as before). H200 traces (2026-12-03, run 69, a block's steps): with the rows' loads behind the
-// first tiles, a block had its query rows ready 2.8 us after its start at B=1 N=4096 4-bit, 4.5 us
-// at B=8 N=32768 and B=32 N=4096, 7.0 us at Lq=4; nothing of the token loop runs before.
+// The query rows' loads issued before the cache's first tiles, in the one-n-tile kernels
+// (-DQSDPA_MMA_Q_FIRST=0: after them everywhere, as before; 2: in every kernel). H200 traces
+// (2026-12-03, run 69, a block's steps): with the rows' loads behind the first tiles, a block had
+// its query rows ready 4.5 us after its start at B=8 N=32768 and B=32 N=4096 (9.6 MB of first tiles
+// in flight ahead of them), 2.8 us at B=1 N=4096; nothing of the token loop runs before. Loaded
+// first (run 70, 2 rounds against 0): 2.6-2.7 us; B=8 N=32768 4-bit 81.9 -> 80.0 us per call, B=32
+// N=4096 46.7 -> 45.0, B=1 N=131072 50.0 -> 48.5, 2-bit 77.5 -> 76.5, B=1 N=4096 8-bit in graphs of
+// 10 10.5 -> 10.1; but the two-n-tile kernels (Lq=4, whose rows were ready only after 6.7-7.0 us
+// either way) 110.7 -> 111.6, so those keep the order before.
 #ifndef QSDPA_MMA_Q_FIRST
 #define QSDPA_MMA_Q_FIRST 1
-#endif
-constexpr bool kQFirst = QSDPA_MMA_Q_FIRST != 0;
-// The warp's second tile issued before the query rows too, beside its first (-DQSDPA_MMA_PRO2=1, an
-// experiment; blocks with a static share of tiles and two stages only): two tiles in flight while
-// the rows are prepared, the second no longer issued once the first is in.
-#ifndef QSDPA_MMA_PRO2
-#define QSDPA_MMA_PRO2 0
 #endif
 
 #if QSDPA_MMA_TRACE
@@ -809,7 +807,6 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   using Y = Ty<T>;
   constexpr bool kCl = kClusterCode && is_cluster(LAYOUT);  // merge in the cluster (a.cluster)
   constexpr bool kPl = is_pool(LAYOUT);  // the warps take their tiles from the block's pool
-  constexpr bool kPro2 = QSDPA_MMA_PRO2 != 0 && !kPl && STAGES == 2;  // (QSDPA_MMA_PRO2)
   constexpr bool kVF = vfold_for(D, BITS, VBITS, NT) && FV::kVCodes;  // values folded (kVFold)
   static_assert(!kPl || (STAGES == 2 && d_split(D) == 1), "the pool's loop: two stages, one warp per tile");
   constexpr int kRB = S::kRB, kC = S::kC, kKS = S::kKS, kRT = S::kRT, kMT = S::kMT;
@@ -1099,6 +1096,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
       qv[k] = idx < kRT * D && lr < nrows ? __ldg(q16 + (q_off(lr) + d)) : uint16_t(0);
     }
   };
+  constexpr bool kQFirst = QSDPA_MMA_Q_FIRST == 2 || (QSDPA_MMA_Q_FIRST == 1 && NT == 1);
   if constexpr (kQFirst) load_q();
 
   // The pool's counter: the next tile no warp has taken (warps 0..W-1 start with tiles 0..W-1).
@@ -1111,10 +1109,6 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
       if (s < my_tiles) issue(s, s);
-      cp_commit();
-    }
-    if constexpr (kPro2) {  // (the second tile, its own group)
-      if (1 < my_tiles) issue(1, 1);
       cp_commit();
     }
   }
@@ -1286,10 +1280,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   if constexpr (kPl) nxt = __shfl_sync(0xffffffffu, lane == 0 ? atomicAdd(pool, 1) : 0, 0);
   for (int64_t it = 0; kPl ? cur < ntiles : it < my_tiles;
        ++it, t0 += tile_step, stage = stage + 1 == STAGES ? 0 : stage + 1) {
-    if (kPro2 && it == 0)
-      cp_wait<1>();  // (the first tile; the second may still be in flight)
-    else
-      cp_wait<STAGES - 2>();
+    cp_wait<STAGES - 2>();
     __syncwarp();
 #if QSDPA_MMA_TRACE
     if (it == 0) QSDPA_TRACE_STEP(a, kTraceFirst);
@@ -1299,7 +1290,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
       t0 = tb + cur * kTW;
       if (nxt < ntiles) issue(nxt, stage ^ 1);
       if (lane == 0) taken = atomicAdd(pool, 1);
-    } else if (it + STAGES - 1 < my_tiles && !(kPro2 && it == 0)) {
+    } else if (it + STAGES - 1 < my_tiles) {
       issue(it + STAGES - 1, stage == 0 ? STAGES - 1 : stage - 1);
     }
     cp_commit();
