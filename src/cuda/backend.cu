@@ -95,14 +95,6 @@ constexpr int64_t kPoolMinTilesPerWarp = 8;
 // slot per SM) where the row tiles are at most the SMs, else blocks of 8 (two slots per SM) where
 // they are at most twice the SMs.
 constexpr double kPoolMinFill = 0.9;
-// The small calls (a few tiles per warp of 4-warp blocks, one block per SM, the cluster merge) in
-// the pool's blocks of 16 warps instead, one 32-token tile per warp: splits of 16 tiles, merging
-// in clusters, where the formats fit the pool (small_pool_plan below). The 4-warp plan of B=1
-// N=4096 (8 row tiles x 16 splits, clusters of 16) put two clusters on one GPC's SMs, two blocks
-// on each (H200 traces, runs 43 and 49: 96 SMs with one block, 16 with two, whose blocks ended
-// their loops ~1 us later), and gives each warp two tiles in a row. An experiment, off unless
-// QSDPA_SMALL_POOL=1 in the environment.
-std::atomic<bool> g_small_pool{env_digit("QSDPA_SMALL_POOL", 1, 0) == 1};
 
 Status error(StatusCode c, std::string msg) { return make_status(c, std::move(msg), Backend::cuda); }
 
@@ -407,21 +399,6 @@ Plan make_plan(AttnArgs& a, const DeviceFacts& f, bool allow_mma = true) {
   }
 #endif
   if (!plan.use_mma) per_sm = cuda::generic_blocks_per_sm(a);
-#if QSDPA_HAVE_MMA
-  // (g_small_pool) one tile per warp of 16-warp blocks, when the row tiles' splits fit the SMs
-  if (plan.use_mma && a.pool == 0 && g_small_pool.load(std::memory_order_relaxed) && cuda::mma_pool_fits(a) &&
-      g_pool_mode.load(std::memory_order_relaxed) != 0) {
-    const int64_t chunk = int64_t(cuda::kPoolBlockWarps) * cuda::kPoolTileTokens;
-    const int64_t splits = (span + chunk - 1) / chunk;
-    if (splits >= 2 && splits <= kClusterSplits && units * splits <= sms) {
-      a.pool = 1;
-      a.chunk = chunk;
-      a.num_splits = int(splits);
-      plan.workspace = cuda::partials_bytes(a.B * a.Hq * a.Lq, a.D, a.num_splits);
-      return plan;
-    }
-  }
-#endif
   const int64_t slots = std::max<int64_t>(1, int64_t(sms) * std::max(1, per_sm));
   const int64_t most = std::clamp<int64_t>(span / min_tokens, 1, kMaxSplits);
   int64_t best_chunk = 0, best_cost = -1;
