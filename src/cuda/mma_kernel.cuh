@@ -1061,9 +1061,9 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
     }
   };
 
-  // ---- query rows: their loads go out first, ahead of the cache's first tiles ------------------
-  // (kQFirst: the rows' loads are issued before the tiles' copies, so that they do not wait behind
-  // them in the memory system; the block computes nothing before the rows are in)
+  // ---- query rows: their loads (kQFirst, the one-n-tile kernels: issued before the first tiles'
+  // copies, so that they do not wait behind them in the memory system; the block computes nothing
+  // before the rows are in) -------------------------------------------------------------------
   float* qo = qc + kRT * kNGMax;                          // [kRT][kNGMax]  Σ_g mu q
   float* rowc = qo + kRT * kNGMax;                        // [kRT] logit factor (log2 units)
   int64_t* rpos = reinterpret_cast<int64_t*>(rowc + kRT);  // [kRT] position N - Lq + i (-1: none)
