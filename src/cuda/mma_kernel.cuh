@@ -337,30 +337,25 @@ constexpr bool kClusterCode = true;
 #define QSDPA_MMA_Q_FIRST 1
 #endif
 
+// (trace builds, -DQSDPA_MMA_TRACE=1) the words of a block's record (AttnArgs::trace) from
+// kTraceWarp0: when warp w left its loop (kTraceWarp0 + w), when thread 0 had issued its partial
+// stores (kTraceStores), when its arrival returned (kTraceArrival). Then thread 0's steps (0: not
+// reached): kTraceProlog the query rows ready (the token loop's start), kTraceFirst warp 0's first
+// tile in shared memory, kTraceOStored the warps' o stored (the barrier after it), kTraceRowStep the
+// per-row step's barrier, kTraceMerge1 / kTraceMerge2 the merge's first steps (cluster merge: the
+// first cluster barrier passed, the weights' barrier; in-kernel merge: the m and l loaded, the
+// weights' barrier).
+constexpr int kTraceWarp0 = 4, kTraceStores = kTraceWarp0 + kWarps, kTraceArrival = kTraceStores + 1;
+constexpr int kTraceProlog = kTraceArrival + 1, kTraceFirst = kTraceProlog + 1, kTraceOStored = kTraceFirst + 1,
+              kTraceRowStep = kTraceOStored + 1, kTraceMerge1 = kTraceRowStep + 1, kTraceMerge2 = kTraceMerge1 + 1;
+static_assert(kTraceMerge2 < kTraceBlockWords, "a word per warp, the stores, the arrival, the steps");
 #if QSDPA_MMA_TRACE
 __device__ __forceinline__ unsigned long long global_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-// (trace builds) this block's record (see AttnArgs::trace), or null: no trace, or a block past
-// kTraceMaxBlocks. Words from kTraceWarp0: when warp w left its loop (kTraceWarp0 + w), when
-// thread 0 had issued its partial stores (kTraceStores), when its arrival returned (kTraceArrival).
-// Then thread 0's steps (0: not reached): kTraceProlog the query rows ready (the token loop's
-// start), kTraceFirst warp 0's first tile in shared memory, kTraceOStored the warps' o stored (the
-// barrier after it), kTraceRowStep the per-row step's barrier, kTraceMerge1 / kTraceMerge2 the
-// merge's first steps (cluster merge: the first cluster barrier passed, the weights' barrier; in-kernel
-// merge: the m and l loaded, the weights' barrier).
-constexpr int kTraceWarp0 = 4, kTraceStores = kTraceWarp0 + kWarps, kTraceArrival = kTraceStores + 1;
-constexpr int kTraceProlog = kTraceArrival + 1, kTraceFirst = kTraceProlog + 1, kTraceOStored = kTraceFirst + 1,
-              kTraceRowStep = kTraceOStored + 1, kTraceMerge1 = kTraceRowStep + 1, kTraceMerge2 = kTraceMerge1 + 1;
-static_assert(kTraceMerge2 < kTraceBlockWords, "a word per warp, the stores, the arrival, the steps");
-// (trace builds) thread 0 records step `w` now
-#define QSDPA_TRACE_STEP(a, w)                                                                   \
-  do {                                                                                          \
-    if (threadIdx.x == 0)                                                                       \
-      if (unsigned long long* e_ = ::qsdpa::cuda::mmak::trace_record(a)) e_[w] = global_ns(); \
-  } while (0)
+// (trace builds) this block's record, or null: no trace, or a block past kTraceMaxBlocks
 __device__ __forceinline__ unsigned long long* trace_record(const AttnArgs& a) {
   const uint64_t blk = uint64_t(blockIdx.y) * gridDim.x + blockIdx.x;
   return a.trace && blk < uint64_t(kTraceMaxBlocks) ? a.trace + 4 + kTraceBlockWords * blk : nullptr;
@@ -375,6 +370,13 @@ inline __device__ __noinline__ void trace_block(const AttnArgs& a, unsigned long
   if (blockIdx.x == 0 && blockIdx.y == 0) a.trace[0] = gridDim.x, a.trace[1] = gridDim.y;
 }
 #endif
+// Thread 0 records word `w` of its block's record now (trace builds; nothing in the others).
+__device__ __forceinline__ void trace_step([[maybe_unused]] const AttnArgs& a, [[maybe_unused]] int w) {
+#if QSDPA_MMA_TRACE
+  if (threadIdx.x == 0)
+    if (unsigned long long* e = trace_record(a)) e[w] = global_ns();
+#endif
+}
 
 // The in-kernel combine of a cluster (a.cluster): every block of the cluster holds its split's
 // merged state of the tile's rows in shared memory at the same offsets, cm[row] (log2 units, -inf
@@ -390,9 +392,7 @@ __device__ __forceinline__ void cluster_combine(const AttnArgs& a, const float* 
                                                 float* wgt, int nrows, int r0, int64_t b, int64_t kvh, int rep,
                                                 int Lq) {
   cluster_sync();
-#if QSDPA_MMA_TRACE
-  QSDPA_TRACE_STEP(a, kTraceMerge1);
-#endif
+  trace_step(a, kTraceMerge1);
   const int rank = int(cluster_rank()), S = int(cluster_size()), tid = int(threadIdx.x);
   const uint32_t am = smem_addr(cm), al = smem_addr(cl), ao = smem_addr(co);
   const auto head_of = [&](int lr, int& i) { return kvh * rep + row_head(r0 + lr, Lq, i); };
@@ -423,9 +423,7 @@ __device__ __forceinline__ void cluster_combine(const AttnArgs& a, const float* 
     for (int s = 0; s < kMaxClusterSplits; ++s) wgt[lr * kMaxClusterSplits + s] = ms[s] * inv;
   }
   __syncthreads();
-#if QSDPA_MMA_TRACE
-  QSDPA_TRACE_STEP(a, kTraceMerge2);
-#endif
+  trace_step(a, kTraceMerge2);
   for (int idx = rank * W * 32 + tid; idx < nrows * (D / 2); idx += S * W * 32) {
     const int lr = idx / (D / 2), d = 2 * (idx - lr * (D / 2));
     float2 os[kMaxClusterSplits];
@@ -495,9 +493,7 @@ __device__ __forceinline__ bool arrive_last(const AttnArgs& a, float* scratch) {
       before = atomicAdd(a.counters + blockIdx.x, 1);
     *last = before == S - 1;
     if (before == S - 1) a.counters[blockIdx.x] = 0;  // (all splits arrived: zero for the next call)
-#if QSDPA_MMA_TRACE
-    if (unsigned long long* e = trace_record(a)) e[kTraceArrival] = global_ns();  // (its atomic returned)
-#endif
+    trace_step(a, kTraceArrival);  // (its atomic returned)
   }
   __syncthreads();
   if (!*last) return false;
@@ -528,9 +524,7 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
     wl[idx] = __ldcg(a.part_l + at);
   }
   __syncthreads();
-#if QSDPA_MMA_TRACE
-  QSDPA_TRACE_STEP(a, kTraceMerge1);
-#endif
+  trace_step(a, kTraceMerge1);
   // Per row, one warp: lanes over the splits.
   for (int lr = warp; lr < nrows; lr += W) {
     int64_t h;
@@ -561,9 +555,7 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
     }
   }
   __syncthreads();
-#if QSDPA_MMA_TRACE
-  QSDPA_TRACE_STEP(a, kTraceMerge2);
-#endif
+  trace_step(a, kTraceMerge2);
   // Four consecutive elements of a row per thread: 16-byte loads of every split's o, 8 splits per
   // round (a split with no visible key, weight 0, may have left its o unwritten: split arg's is
   // read in its place).
@@ -710,9 +702,7 @@ __device__ __forceinline__ void merge_if_last_compact(const AttnArgs& a, float* 
     if (sp == 0) prow[lr] = row, orow[lr] = a.omap.at(b, h, i);
   }
   __syncthreads();
-#if QSDPA_MMA_TRACE
-  QSDPA_TRACE_STEP(a, kTraceMerge1);
-#endif
+  trace_step(a, kTraceMerge1);
   if (tid < nrows) {
     const int lr = tid;
     float mx = -INFINITY;  // (a NaN m is never the max, as with fmaxf)
@@ -735,9 +725,7 @@ __device__ __forceinline__ void merge_if_last_compact(const AttnArgs& a, float* 
     rinv[lr] = m_all == -INFINITY ? 0.0f : 1.0f / denom;
   }
   __syncthreads();
-#if QSDPA_MMA_TRACE
-  QSDPA_TRACE_STEP(a, kTraceMerge2);
-#endif
+  trace_step(a, kTraceMerge2);
   constexpr int D4 = D / 4, kEB = RT * D4 / (W * 32) < 1 ? 1 : RT * D4 / (W * 32);
   const int64_t stride = rows_total * D;  // from one split's partials to the next
   for (int base = tid; base < nrows * D4; base += kEB * W * 32) {
@@ -1177,9 +1165,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
     }
     __syncthreads();
   }
-#if QSDPA_MMA_TRACE
-  QSDPA_TRACE_STEP(a, kTraceProlog);
-#endif
+  trace_step(a, kTraceProlog);
 
   // B operands: q (permuted to the key unpacking order), and the correction slots.
   uint32_t bq[NT][kKS][2];
@@ -1282,9 +1268,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
        ++it, t0 += tile_step, stage = stage + 1 == STAGES ? 0 : stage + 1) {
     cp_wait<STAGES - 2>();
     __syncwarp();
-#if QSDPA_MMA_TRACE
-    if (it == 0) QSDPA_TRACE_STEP(a, kTraceFirst);
-#endif
+    if (it == 0) trace_step(a, kTraceFirst);
     int taken = 0;
     if constexpr (kPl) {
       t0 = tb + cur * kTW;
@@ -1689,9 +1673,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
         ow[(tgrp * kRT + lr) * D + (dd & ~kOswMask) + ((dd & kOswMask) ^ oflip)] = o[dt][nt][e];
       }
   __syncthreads();
-#if QSDPA_MMA_TRACE
-  QSDPA_TRACE_STEP(a, kTraceOStored);
-#endif
+  trace_step(a, kTraceOStored);
   // Per row (one thread each): the warps' weights ex2(m_w - m) in place of m_w, the merged l and
   // m in lw[0][row] and lw[1][row] (only this thread touches the row's entries).
   if (tid < nrows) {
@@ -1712,9 +1694,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
     if constexpr (kCompact) rpos[lr] = int64_t(split) * rows_total + qrow_of(lr);  // (free after the loop)
   }
   __syncthreads();
-#if QSDPA_MMA_TRACE
-  QSDPA_TRACE_STEP(a, kTraceRowStep);
-#endif
+  trace_step(a, kTraceRowStep);
   for (int idx = tid; idx < nrows * D; idx += W * 32) {
     const int lr = idx / D, d = idx - lr * D, ds = osw(lr, d);
     float acc = 0.0f;
@@ -1750,9 +1730,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
       a.part_l[prow] = l;
     }
   }
-#if QSDPA_MMA_TRACE
-  if (unsigned long long* e = trace_record(a); e && tid == 0) e[kTraceStores] = global_ns();  // (its stores issued)
-#endif
+  trace_step(a, kTraceStores);  // (its stores issued)
   if (kCl) cluster_combine<D, kRT, W>(a, qc, qc + kRT, qf, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
   // (its scratch space: the warps' states, free once every thread has passed its first barrier)
   else if (a.counters && !direct) {
