@@ -49,12 +49,16 @@ def main():
                     and (merged is None or bool(b[3]) == merged)]
         steps = []
         if len(bl[0]) > 18:
-            steps = [("start -> query rows ready", ph(4, 13)), ("start -> first tile in", ph(4, 14)),
-                     ("loop end -> o stored", ph(5, 15)), ("o stored -> per-row step", ph(15, 16)),
-                     ("per-row step -> stores issued", ph(16, 11)),
-                     ("stores -> merge step 1 (cluster barrier / m, l loaded)", ph(11, 17)),
-                     ("merge step 1 -> step 2 (weights)", ph(17, 18)), ("merge step 2 -> end", ph(18, 6)),
-                     ("arrival -> m, l loaded (merging blocks)", ph(12, 17, True))]
+            steps = [("start -> query rows ready", ph(4, 13)), ("start -> first tile in", ph(4, 14))]
+            if len(bl[0]) > 20:  # (the prologue's steps, mma_kernel.cuh kTraceQIn, kTraceBOps)
+                steps += [("start -> query rows in shared memory", ph(4, 19)),
+                          ("rows in shared memory -> reduced (rows ready)", ph(19, 13)),
+                          ("rows ready -> B operands in registers", ph(13, 20))]
+            steps += [("loop end -> o stored", ph(5, 15)), ("o stored -> per-row step", ph(15, 16)),
+                      ("per-row step -> stores issued", ph(16, 11)),
+                      ("stores -> merge step 1 (cluster barrier / m, l loaded)", ph(11, 17)),
+                      ("merge step 1 -> step 2 (weights)", ph(17, 18)), ("merge step 2 -> end", ph(18, 6)),
+                      ("arrival -> m, l loaded (merging blocks)", ph(12, 17, True))]
         span = max(end)
         sms = {}
         for b in bl:

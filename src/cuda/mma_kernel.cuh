@@ -78,20 +78,32 @@ constexpr int kMinBlocksLayout = QSDPA_MMA_MIN_BLOCKS_LAYOUT;  // the same, the 
 //   kContigPoolCluster: kContigPool whose splits of a row tile run as one cluster and merge in
 //             the kernel (AttnArgs::pool 1 and AttnArgs::cluster);
 //   kContigPoolPair: kContigPool in blocks of kPoolPairWarps warps, two per multiprocessor
-//             (AttnArgs::pool 2: grids of up to twice as many row tiles as multiprocessors).
+//             (AttnArgs::pool 2: grids of up to twice as many row tiles as multiprocessors);
+//   kContigPoolRows, kContigPoolRowsCluster: kContigPool and kContigPoolCluster for two n-tiles
+//             of query rows (9-16 rows per KV head: Lq = 2-4 at 4 query heads per KV head), in
+//             blocks of kPoolPairWarps warps, one per multiprocessor (AttnArgs::pool 1): the
+//             two-n-tile kernel takes ~255 registers, so 8 warps fill the register file.
 constexpr int kContig = 0, kPaged = 1, kAny = 2, kPaged16 = 3, kContigCluster = 4, kContigWide = 5,
-              kContigPool = 6, kContigPoolCluster = 7, kContigPoolPair = 8;
+              kContigPool = 6, kContigPoolCluster = 7, kContigPoolPair = 8, kContigPoolRows = 9,
+              kContigPoolRowsCluster = 10;
 // Whether a layout instantiation takes its tiles from the block's pool, and merges in a cluster.
 __host__ __device__ constexpr bool is_pool(int layout) {
-  return layout == kContigPool || layout == kContigPoolCluster || layout == kContigPoolPair;
+  return layout == kContigPool || layout == kContigPoolCluster || layout == kContigPoolPair ||
+         layout == kContigPoolRows || layout == kContigPoolRowsCluster;
 }
 __host__ __device__ constexpr bool is_cluster(int layout) {
-  return layout == kContigCluster || layout == kContigPoolCluster;
+  return layout == kContigCluster || layout == kContigPoolCluster || layout == kContigPoolRowsCluster;
+}
+// Whether a tile-pool layout runs two n-tiles of query rows (16 rows per block).
+__host__ __device__ constexpr bool is_pool_rows(int layout) {
+  return layout == kContigPoolRows || layout == kContigPoolRowsCluster;
 }
 // Warps per block of a layout instantiation.
 __host__ __device__ constexpr int warps_of(int layout) {
-  return layout == kContigPoolPair ? kPoolPairWarps : is_pool(layout) ? kPoolWarps : kWarps;
+  return layout == kContigPoolPair || is_pool_rows(layout) ? kPoolPairWarps : is_pool(layout) ? kPoolWarps : kWarps;
 }
+// Blocks per multiprocessor of a tile-pool layout (its __launch_bounds__).
+__host__ __device__ constexpr int pool_blocks_per_sm(int layout) { return layout == kContigPoolPair ? 2 : 1; }
 // The group size is a runtime value, so that group ends fall at runtime positions of the unrolled
 // loops over 32-dim blocks. kFoldEveryBlock: the key logits fold the group scale in at the end of
 // every block (more multiply-adds, no branch between the mma of different blocks); else only at
@@ -336,6 +348,12 @@ constexpr bool kClusterCode = true;
 #ifndef QSDPA_MMA_Q_FIRST
 #define QSDPA_MMA_Q_FIRST 1
 #endif
+// The tile pool's warps issue their second tile (W + warp) in the prologue too, into the ring's
+// other stage, which is idle until the first iteration: two tiles per warp in flight while the
+// query rows are prepared (-DQSDPA_MMA_POOL_PRO2=1; the pool's counter then starts at 2 W).
+#ifndef QSDPA_MMA_POOL_PRO2
+#define QSDPA_MMA_POOL_PRO2 0
+#endif
 
 // (trace builds, -DQSDPA_MMA_TRACE=1) the words of a block's record (AttnArgs::trace) from
 // kTraceWarp0: when warp w left its loop (kTraceWarp0 + w), when thread 0 had issued its partial
@@ -344,11 +362,13 @@ constexpr bool kClusterCode = true;
 // tile in shared memory, kTraceOStored the warps' o stored (the barrier after it), kTraceRowStep the
 // per-row step's barrier, kTraceMerge1 / kTraceMerge2 the merge's first steps (cluster merge: the
 // first cluster barrier passed, the weights' barrier; in-kernel merge: the m and l loaded, the
-// weights' barrier).
+// weights' barrier); inside the prologue, kTraceQIn the query rows' f32 copy in shared memory (their
+// loads landed) and kTraceBOps the mma B operands of the rows in thread 0's registers.
 constexpr int kTraceWarp0 = 4, kTraceStores = kTraceWarp0 + kWarps, kTraceArrival = kTraceStores + 1;
 constexpr int kTraceProlog = kTraceArrival + 1, kTraceFirst = kTraceProlog + 1, kTraceOStored = kTraceFirst + 1,
-              kTraceRowStep = kTraceOStored + 1, kTraceMerge1 = kTraceRowStep + 1, kTraceMerge2 = kTraceMerge1 + 1;
-static_assert(kTraceMerge2 < kTraceBlockWords, "a word per warp, the stores, the arrival, the steps");
+              kTraceRowStep = kTraceOStored + 1, kTraceMerge1 = kTraceRowStep + 1, kTraceMerge2 = kTraceMerge1 + 1,
+              kTraceQIn = kTraceMerge2 + 1, kTraceBOps = kTraceQIn + 1;
+static_assert(kTraceBOps < kTraceBlockWords, "a word per warp, the stores, the arrival, the steps");
 #if QSDPA_MMA_TRACE
 __device__ __forceinline__ unsigned long long global_ns() {
   unsigned long long t;
@@ -501,11 +521,39 @@ __device__ __forceinline__ bool arrive_last(const AttnArgs& a, float* scratch) {
   return true;
 }
 
-template <int RT, int W = kWarps>
+// The in-kernel merge of more than 8 splits by every thread of the last split's block
+// (-DQSDPA_MMA_MERGE_SPREAD=1, blocks of at least 8 warps, where it fits; merge_if_last below with
+// SPREAD, called through the non-inlined merge_spread, so that its code stays out of the kernel's):
+// thread t takes the float4 element e = t % E of the tile's rows (E = nrows D / 4, at most the
+// block's threads) and the splits t / E + k P (P = threads / E, k < kSpreadLoads), and issues its
+// loads of their o before the splits' m and l, so that they travel together rather than after the
+// weights; then its weighted sum, and the P sums of an element meet in shared memory. A split that
+// starts past the sequence's end (per-sequence lengths) stored no o: it is not read (its weight is
+// 0), nor is o of weight 0 added.
+#ifndef QSDPA_MMA_MERGE_SPREAD
+#define QSDPA_MMA_MERGE_SPREAD 0
+#endif
+constexpr int kSpreadLoads = 8;
+
+template <int RT, int W, bool SPREAD>
+__device__ __noinline__ void merge_spread(const AttnArgs* ap, float* scratch, int nrows, int r0, int64_t b,
+                                          int64_t kvh, int rep, int Lq);
+
+// (SPREAD: the merge of many splits above, called by merge_spread once the block is the last)
+template <int RT, int W = kWarps, bool SPREAD = false>
 __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch, int nrows, int r0, int64_t b,
                                               int64_t kvh, int rep, int Lq) {
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, S = int(gridDim.y), D = int(a.D);
-  if (!arrive_last<RT>(a, scratch)) return;
+  if constexpr (!SPREAD) {
+    if (!arrive_last<RT>(a, scratch)) return;
+    if constexpr (QSDPA_MMA_MERGE_SPREAD != 0 && W >= 8) {
+      const int E = nrows * (D / 4);
+      if (S > 8 && E <= W * 32 && S <= kSpreadLoads * (W * 32 / E)) {
+        merge_spread<RT, W, true>(&a, scratch, nrows, r0, b, kvh, rep, Lq);
+        return;
+      }
+    }
+  }
   const int64_t rows_total = a.B * a.Hq * a.Lq;
   float* wm = scratch + 4;                        // [RT][S] m, then the weights
   float* wl = wm + RT * S;                        // [RT][S] l
@@ -515,6 +563,23 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
     h = kvh * rep + row_head(r0 + lr, Lq, i);
     return (b * a.Hq + h) * a.Lq + i;
   };
+  // (SPREAD) this thread's element of the rows and its splits' o, loaded first
+  [[maybe_unused]] const int E = nrows * (D / 4), P = W * 32 / E, e = tid % E, p = tid / E;
+  [[maybe_unused]] float4 ob[SPREAD ? kSpreadLoads : 1];
+  if constexpr (SPREAD) {
+    const int64_t n = detail::seq_kv_len(a.kv_lens, b, a.N);
+    const int lr = e / (D / 4), d = 4 * (e - lr * (D / 4));
+    int64_t h;
+    int i;
+    const int64_t row = row_of(lr, h, i);
+#pragma unroll
+    for (int k = 0; k < kSpreadLoads; ++k) {
+      const int sp = p + k * P;
+      const bool live = p < P && sp < S && a.t_begin + int64_t(sp) * a.chunk < n;
+      ob[k] = live ? __ldcg(reinterpret_cast<const float4*>(a.part_o + (int64_t(sp) * rows_total + row) * D + d))
+                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  }
   for (int idx = tid; idx < nrows * S; idx += W * 32) {
     const int lr = idx / S, sp = idx - lr * S;
     int64_t h;
@@ -556,6 +621,35 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
   }
   __syncthreads();
   trace_step(a, kTraceMerge2);
+  if constexpr (SPREAD) {
+    const int lr = e / (D / 4), d = 4 * (e - lr * (D / 4));
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int k = 0; k < kSpreadLoads; ++k) {
+      const int sp = p + k * P;
+      const float w = p < P && sp < S ? wm[lr * S + sp] : 0.0f;
+      if (w != 0.0f) {
+        acc.x = fmaf(w, ob[k].x, acc.x), acc.y = fmaf(w, ob[k].y, acc.y);
+        acc.z = fmaf(w, ob[k].z, acc.z), acc.w = fmaf(w, ob[k].w, acc.w);
+      }
+    }
+    float4* red = reinterpret_cast<float4*>(scratch + (4 + 2 * RT * S + 2 * RT + 3) / 4 * 4);  // [P][E]
+    if (p < P) red[tid] = acc;  // (tid = p E + e)
+    __syncthreads();
+    if (tid < E) {
+      for (int q = 1; q < P; ++q) {
+        const float4 v = red[q * E + tid];
+        acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
+      }
+      int64_t h;
+      int i;
+      row_of(lr, h, i);
+      const float inv = rinv[lr];
+      acc.x *= inv, acc.y *= inv, acc.z *= inv, acc.w *= inv;
+      store4_t(a.out, a.dtype, a.omap.at(b, h, i) + d, acc);
+    }
+    return;
+  }
   // Four consecutive elements of a row per thread: 16-byte loads of every split's o, 8 splits per
   // round (a split with no visible key, weight 0, may have left its o unwritten: split arg's is
   // read in its place).
@@ -778,11 +872,17 @@ __device__ __noinline__ void merge_if_last_cold(const AttnArgs* a, float* scratc
   merge_if_last<RT, W>(*a, scratch, nrows, r0, b, kvh, rep, Lq);
 }
 
+template <int RT, int W, bool SPREAD>
+__device__ __noinline__ void merge_spread(const AttnArgs* a, float* scratch, int nrows, int r0, int64_t b,
+                                          int64_t kvh, int rep, int Lq) {
+  merge_if_last<RT, W, SPREAD>(*a, scratch, nrows, r0, b, kvh, rep, Lq);
+}
+
 // KDEN: f16 keys as subnormal codes, else as magic-number codes (ignored for bf16). LAYOUT: kContig,
-// kPaged, kPaged16, kAny, kContigCluster, kContigWide or kContigPool (above; warps_of(LAYOUT) warps
-// per block). GC: the group size, or 0 for a.k_group (above).
+// kPaged, kPaged16, kAny, kContigCluster, kContigWide or one of the tile pool's (above;
+// warps_of(LAYOUT) warps per block). GC: the group size, or 0 for a.k_group (above).
 template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, int LAYOUT, int GC>
-__global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPoolWarps / warps_of(LAYOUT)
+__global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? pool_blocks_per_sm(LAYOUT)
                                                : d_split(D) > 1 ? kMinBlocksDSplit
                                                : (D >= 256 || NT == 2) ? kMinBlocksWide
                                                : LAYOUT == kContig || LAYOUT == kContigCluster ? kMinBlocks
@@ -802,7 +902,9 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   constexpr int kTW = kTileTokens, kSCB = S::kSCB, kNZ = S::kNZ, kNGP = S::kNGP, kNGMax = S::kNGMax;
   constexpr int kDS = S::kDS, kTG = S::kTG, kDW = S::kDW;
   static_assert(kDS == 1 || (GC != 0 && LAYOUT == kContigWide), "d-split: contiguous caches, a constant group");
-  static_assert(16 + kRT * kInKernelMergeMaxSplits * 8 + kRT * 16 + kRT * 8 <= S::kMain, "the in-kernel merge's scratch fits");
+  static_assert(16 + kRT * kInKernelMergeMaxSplits * 8 + kRT * 16 + kRT * 8 + (QSDPA_MMA_MERGE_SPREAD ? W * 32 * 16 + 16 : 0) <=
+                    S::kMain,
+                "the in-kernel merge's scratch fits");
   extern __shared__ __align__(16) uint8_t smem[];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Launched as a programmatic dependent (AttnArgs::pdl), the block may be placed while the
@@ -1089,10 +1191,15 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
 
   // The pool's counter: the next tile no warp has taken (warps 0..W-1 start with tiles 0..W-1).
   int* pool = kPl ? reinterpret_cast<int*>(smem + S::kMain + S::kQ) : nullptr;
+  constexpr bool kPoolPro2 = kPl && QSDPA_MMA_POOL_PRO2 != 0;
   if constexpr (kPl) {
-    if (tid == 0) *pool = W;  // (read only after the barriers below)
+    if (tid == 0) *pool = kPoolPro2 ? 2 * W : W;  // (read only after the barriers below)
     if (warp < ntiles) issue(warp, 0);
     cp_commit();
+    if constexpr (kPoolPro2) {  // (the second tile, its own group)
+      if (W + warp < ntiles) issue(W + warp, 1);
+      cp_commit();
+    }
   } else {
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
@@ -1116,6 +1223,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
       rmrow[tid] = tid < nrows ? m_off(tid) : 0;
     }
     __syncthreads();
+    trace_step(a, kTraceQIn);
     static_assert(kRT % W == 0 || W % kRT == 0, "rows per warp: a whole number, or warps per row");
     // (unrolled: the rows' reduction chains interleave; every warp takes kRT / W rows, or one
     // when there are more warps than rows)
@@ -1203,6 +1311,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int e = 0; e < 2; ++e) crow[nt][e] = rowc[nt * 8 + 2 * c + e];
+  trace_step(a, kTraceBOps);
   if constexpr (kDS > 1) __syncthreads();  // (the query rows' f32 copy becomes the logits exchange)
 
   // ---- online softmax state (log2 units) --------------------------------------------------------
@@ -1263,16 +1372,20 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   // the tile after that is taken during the iteration (taken, lane 0's atomic), a shared-memory
   // round trip hidden behind the tile's math. Numbers at or past ntiles end the loop.
   int64_t cur = kPl ? warp : 0, nxt = 0;
-  if constexpr (kPl) nxt = __shfl_sync(0xffffffffu, lane == 0 ? atomicAdd(pool, 1) : 0, 0);
+  if constexpr (kPoolPro2) nxt = W + warp;  // (in flight already)
+  else if constexpr (kPl) nxt = __shfl_sync(0xffffffffu, lane == 0 ? atomicAdd(pool, 1) : 0, 0);
   for (int64_t it = 0; kPl ? cur < ntiles : it < my_tiles;
        ++it, t0 += tile_step, stage = stage + 1 == STAGES ? 0 : stage + 1) {
-    cp_wait<STAGES - 2>();
+    if (kPoolPro2 && it == 0)
+      cp_wait<1>();  // (the first tile; the second may still be in flight)
+    else
+      cp_wait<STAGES - 2>();
     __syncwarp();
     if (it == 0) trace_step(a, kTraceFirst);
     int taken = 0;
     if constexpr (kPl) {
       t0 = tb + cur * kTW;
-      if (nxt < ntiles) issue(nxt, stage ^ 1);
+      if (nxt < ntiles && !(kPoolPro2 && it == 0)) issue(nxt, stage ^ 1);
       if (lane == 0) taken = atomicAdd(pool, 1);
     } else if (it + STAGES - 1 < my_tiles) {
       issue(it + STAGES - 1, stage == 0 ? STAGES - 1 : stage - 1);

@@ -85,9 +85,10 @@ struct AttnArgs {
   // the combine kernel would (no partials, no combine launch).
   int cluster;
   // The tensor-core kernel's tile pool, whose warps take the split's tiles from a counter in the
-  // block's shared memory: 0 none; 1 blocks of 16 warps, one per multiprocessor (mmak::kContigPool,
-  // with `cluster` mmak::kContigPoolCluster, where allowed: cuda::set_pool_cluster); 2 blocks of 8
-  // warps, two per multiprocessor (mmak::kContigPoolPair, never with `cluster`). Set by the
+  // block's shared memory: 0 none; 1 one block per multiprocessor, of 16 warps (mmak::kContigPool,
+  // with `cluster` mmak::kContigPoolCluster, where allowed: cuda::set_pool_cluster), or of 8 with
+  // two n-tiles of query rows (mmak::kContigPoolRows, kContigPoolRowsCluster); 2 blocks of 8 warps,
+  // two per multiprocessor (mmak::kContigPoolPair, one n-tile, never with `cluster`). Set by the
   // planner before it asks for the kernel's occupancy.
   int pool;
   // 1: the device runs sm_90a code (compute capability 9.0): the tensor-core kernel may take its
@@ -110,7 +111,7 @@ struct AttnArgs {
   // %globaltimer at its start, after its token loop (all warps) and at its end, then smid | (did the
   // in-kernel merge) << 32, then when each of its 4 warps left its own loop, then (thread 0) when
   // it had issued its partial stores and when its arrival's atomic returned (0: no in-kernel
-  // merge), then thread 0's steps (mma_kernel.cuh, kTraceProlog ... kTraceMerge2); [0], [1]:
+  // merge), then thread 0's steps (mma_kernel.cuh, kTraceProlog ... kTraceBOps); [0], [1]:
   // gridDim.x, gridDim.y
   unsigned long long* trace;
 #endif
@@ -118,7 +119,7 @@ struct AttnArgs {
 
 // (trace builds) the u64 words of a block's record, and the blocks recorded (the first of the
 // grid): see AttnArgs::trace
-constexpr int kTraceBlockWords = 16;
+constexpr int kTraceBlockWords = 18;
 constexpr int64_t kTraceMaxBlocks = 1 << 16;
 
 // The tensor-core kernel's token tile (one warp's 32 tokens), and the warps of a block of its tile
