@@ -67,32 +67,26 @@ auto with_group(const AttnArgs& a, int kind, Fn&& fn) {
 }
 
 // Whether the tile pool's instantiations (mmak::kContigPool) can read `a`: contiguous caches, groups
-// of 64 as a constant, 4-bit keys and values, D = 128; one n-tile of query rows, or two with
-// AttnArgs::pool 1 (kContigPoolRows: blocks of 8 warps, one per multiprocessor).
+// of 64 as a constant, 4-bit keys and values, D = 128, one n-tile of query rows.
 bool pool_fits(const AttnArgs& a) {
   const int kind = layout_kind(a);
   return kind == mmak::kContig && fixed_group(a, kind) && a.k_bits == 4 && a.v_bits == 4 && a.D == 128 &&
-         (n_tiles(a) == 1 || (n_tiles(a) == 2 && a.pool != 2));
+         n_tiles(a) == 1;
 }
 
 // Calls fn.template operator()<LAYOUT, GC>() for the instantiation that reads `a`: its layout (the
 // cluster-merge one when a.cluster: contiguous caches only, mma_max_clusters; the tile pool's when
-// a.pool, which pool_fits: blocks of 8 warps for a.pool 2, else of 16, or of 8 for two n-tiles,
-// merging in clusters when a.cluster too) and its group size. MIXED: 8-bit keys with 4-bit values
-// (no pool).
+// a.pool, which pool_fits: blocks of 8 warps for a.pool 2, else of 16, merging in clusters when
+// a.cluster too) and its group size. MIXED: 8-bit keys with 4-bit values (no pool).
 template <bool MIXED, class Fn>
 auto with_layout(const AttnArgs& a, Fn&& fn) {
   const int kind = layout_kind(a);
   return with_group(a, kind, [&]<int GC>() {
     if constexpr (!MIXED && GC != 0)
-      if (a.pool) {
-        if (a.pool == 2) return fn.template operator()<mmak::kContigPoolPair, GC>();
-        if (n_tiles(a) == 2)
-          return a.cluster ? fn.template operator()<mmak::kContigPoolRowsCluster, GC>()
-                           : fn.template operator()<mmak::kContigPoolRows, GC>();
-        return a.cluster ? fn.template operator()<mmak::kContigPoolCluster, GC>()
-                         : fn.template operator()<mmak::kContigPool, GC>();
-      }
+      if (a.pool)
+        return a.pool == 2   ? fn.template operator()<mmak::kContigPoolPair, GC>()
+               : a.cluster ? fn.template operator()<mmak::kContigPoolCluster, GC>()
+                           : fn.template operator()<mmak::kContigPool, GC>();
     if (a.cluster) return fn.template operator()<mmak::kContigCluster, GC>();
     switch (kind) {
       case mmak::kContig: return fn.template operator()<mmak::kContig, GC>();
@@ -112,16 +106,14 @@ int resident_for(const AttnArgs& a) {
 }
 
 // (contiguous caches only: the cluster merge has instantiations of kContig alone, and of the
-// tile pool's blocks of one per multiprocessor)
+// tile pool's blocks of 16 warps)
 template <bool MIXED>
 int cluster_for(const AttnArgs& a, int splits) {
   const int kind = layout_kind(a);
   if (kind != mmak::kContig || a.pool == 2) return 0;
   return with_group(a, kind, [&]<int GC>() {
     if constexpr (!MIXED && GC != 0)
-      if (a.pool)
-        return n_tiles(a) == 2 ? mmad::cluster_ok<mmak::kContigPoolRowsCluster, MIXED, GC>(a, splits)
-                               : mmad::cluster_ok<mmak::kContigPoolCluster, MIXED, GC>(a, splits);
+      if (a.pool) return mmad::cluster_ok<mmak::kContigPoolCluster, MIXED, GC>(a, splits);
     return mmad::cluster_ok<mmak::kContigCluster, MIXED, GC>(a, splits);
   });
 }
@@ -162,12 +154,7 @@ int64_t mma_row_tiles(const AttnArgs& a) {
 
 int mma_layout_kind(const AttnArgs& a) { return mma_supports(a) ? layout_kind(a) : -1; }
 
-int mma_pool_warps(const AttnArgs& a) {
-  AttnArgs one = a;
-  one.pool = 1;
-  if (!mma_supports(one) || !pool_fits(one)) return 0;
-  return n_tiles(one) == 2 ? mmak::warps_of(mmak::kContigPoolRows) : mmak::warps_of(mmak::kContigPool);
-}
+bool mma_pool_fits(const AttnArgs& a) { return mma_supports(a) && pool_fits(a); }
 
 bool mma_fixed_group(const AttnArgs& a) { return mma_supports(a) && fixed_group(a, layout_kind(a)); }
 

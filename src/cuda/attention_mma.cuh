@@ -23,12 +23,10 @@ int mma_layout_kind(const AttnArgs& a);
 // devices of compute capability 9.0; AttnArgs::sm90a).
 bool mma_fixed_group(const AttnArgs& a);
 
-// The warps of a block of the tile pool (AttnArgs::pool 1: one block per multiprocessor, its warps
-// taking tiles from a counter in shared memory) that runs `a`: 16 with at most 8 query rows per KV
-// head, 8 with 9-16 (two n-tiles; AttnArgs::pool 2, two blocks of 8 per multiprocessor, takes one
-// n-tile alone); 0 where the pool cannot run `a`: it needs contiguous caches, groups of 64 on
-// sm_90a, 4-bit keys and values, D = 128.
-int mma_pool_warps(const AttnArgs& a);
+// Whether the tile pool (AttnArgs::pool: one block of 16 warps per multiprocessor, its warps taking
+// tiles from a counter in shared memory) can run `a`: contiguous caches, groups of 64 on sm_90a,
+// 4-bit keys and values, D = 128, at most 8 query rows per KV head.
+bool mma_pool_fits(const AttnArgs& a);
 
 // Token granularity of the splits: the dispatcher makes a.chunk a multiple of this.
 int mma_token_tile(const AttnArgs& a);

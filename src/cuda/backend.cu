@@ -74,9 +74,8 @@ int env_digit(const char* name, int most, int fallback) {
   return e && e[0] >= '0' && e[0] <= char('0' + most) && e[1] == '\0' ? e[0] - '0' : fallback;
 }
 // The tensor-core kernel's tile pool (AttnArgs::pool; pool_wanted below): 0 never, 1 (the
-// default) where the problem is large enough, 2 wherever it fits in blocks of 16 warps (of 8 with
-// two n-tiles of query rows), 3 in blocks of 8, two per SM, where it fits so (one n-tile; 2 and 3:
-// cuda::set_block_pool, a test hook). QSDPA_BLOCK_POOL=0..3 in the
+// default) where the problem is large enough, 2 wherever it fits in blocks of 16 warps, 3 the same
+// in blocks of 8 (2 and 3: cuda::set_block_pool, a test hook). QSDPA_BLOCK_POOL=0..3 in the
 // environment sets the starting mode (one build timed several ways, scripts/gpu_tune.sh).
 std::atomic<int> g_pool_mode{env_digit("QSDPA_BLOCK_POOL", 3, 1)};
 // Whether the tile pool's splits may merge in clusters (mmak::kContigPoolCluster; cluster_merge
@@ -85,13 +84,6 @@ std::atomic<int> g_pool_mode{env_digit("QSDPA_BLOCK_POOL", 3, 1)};
 // other shapes unchanged. QSDPA_POOL_CLUSTER=0 in the environment or cuda::set_pool_cluster (a
 // test hook) turns it off.
 std::atomic<bool> g_pool_cluster{env_digit("QSDPA_POOL_CLUSTER", 1, 1) == 1};
-// Whether calls of 9-16 query rows per KV head (two n-tiles) take the tile pool by default (its
-// blocks of 8 warps, one per multiprocessor, merging in clusters: mmak::kContigPoolRows,
-// kContigPoolRowsCluster); off, they run 4-warp blocks, two per SM. Measured on an H200
-// (2026-12-03, run 67, merging in the kernel): B=8 N=32768 Lq=4 4-bit 111.6 -> 116.7 us, the loops
-// 9 us slower. QSDPA_POOL_ROWS=1 in the environment takes it (a tuning knob; cuda::set_block_pool
-// 2 forces it, a test hook).
-const bool g_pool_rows = env_digit("QSDPA_POOL_ROWS", 1, 0) == 1;
 // The pool is taken when the call's 32-token tiles are at least this many per warp of a full
 // wave of its blocks (16 warps per multiprocessor): the latency-bound small calls keep the 4-warp
 // blocks, which spread a few tiles over more blocks ...
@@ -349,8 +341,7 @@ bool current_device_facts(DeviceFacts* f) {
   return bool(device_facts(dev, f));
 }
 
-// Which tile pool (AttnArgs::pool: 0 none, 1 one block per SM, of 16 warps or with two n-tiles of
-// query rows of 8, 2 two blocks of 8 warps per SM) a tensor-core plan of
+// Which tile pool (AttnArgs::pool: 0 none, 1 blocks of 16 warps, 2 of 8) a tensor-core plan of
 // `units` (b, KV head, row tile) triples over `span` tokens takes (g_pool_mode). Measured reason:
 // with 4-warp blocks, several per multiprocessor, the blocks an SM received later ran slower than
 // the first ones (H200 traces, 2026-12-02: a block's warps ended 1.6-1.8 us apart, the blocks of a
@@ -359,18 +350,14 @@ bool current_device_facts(DeviceFacts* f) {
 int pool_wanted(const AttnArgs& a, int64_t units, int64_t span, int sms) {
 #if QSDPA_HAVE_MMA
   const int mode = g_pool_mode.load(std::memory_order_relaxed);
-  const int warps = mode == 0 ? 0 : cuda::mma_pool_warps(a);
-  if (warps == 0) return 0;
-  // (two n-tiles of query rows: blocks of 8 warps, one per SM, and no pair of blocks per SM)
-  const bool rows = warps < cuda::kPoolBlockWarps;
-  if (mode >= 2) return rows ? (mode == 2 ? 1 : 0) : mode - 1;
-  if (rows && !g_pool_rows) return 0;
+  if (mode == 0 || !cuda::mma_pool_fits(a)) return 0;
+  if (mode >= 2) return mode - 1;
   const int64_t tiles = units * ((span + cuda::kPoolTileTokens - 1) / cuda::kPoolTileTokens);
-  if (units <= 0 || tiles < int64_t(sms) * warps * kPoolMinTilesPerWarp) return 0;
-  // (the splits of one round fill the slots: sms blocks, or 2 sms of 8 warps)
+  if (units <= 0 || tiles < int64_t(sms) * cuda::kPoolBlockWarps * kPoolMinTilesPerWarp) return 0;
+  // (the splits of one round fill the slots: sms blocks of 16 warps, or 2 sms of 8)
   const auto fills = [&](int64_t slots) { return double(units * (slots / units)) >= kPoolMinFill * slots; };
   if (units <= sms) return fills(sms) ? 1 : 0;
-  return !rows && units <= 2 * sms && fills(2 * sms) ? 2 : 0;
+  return units <= 2 * sms && fills(2 * sms) ? 2 : 0;
 #else
   (void)a, (void)units, (void)span, (void)sms;
   return 0;

@@ -8,9 +8,8 @@
 // attention_mma_cluster_mixed.cu); and, for sm_90a, the same with the group size 64 as a constant
 // for the layouts kContig, kPaged, kPaged16 and kContigCluster, D = 512 on contiguous caches
 // (kContigWide), and the tile pool's blocks of 16 warps (kContigPool, and kContigPoolCluster
-// merging in clusters) and of 8 (kContigPoolPair), and for two n-tiles of query rows
-// (kContigPoolRows, kContigPoolRowsCluster): 4-bit keys and values, D = 128 (g64/*.cu, compiled for
-// sm_90a alone).
+// merging in clusters) and of 8 (kContigPoolPair): 4-bit keys and values, D = 128 (g64/*.cu,
+// compiled for sm_90a alone).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -20,9 +20,8 @@ namespace impl {
 // query so that both always name the same kernel. D is 64, 128 or 256 (2 bits: 128 or 256;
 // mma_supports), or 512 for the layout kContigWide alone.
 // 2 bits and GC != 0 (a constant group size): D is 128 or 256 only; 2 bits: one n-tile only.
-// The tile pool has 4-bit keys and values and D = 128 (pool_fits, attention_mma.cu): one n-tile of
-// query rows (kContigPool, kContigPoolCluster, kContigPoolPair) or two (kContigPoolRows,
-// kContigPoolRowsCluster).
+// The tile pool (kContigPool, kContigPoolCluster) has 4-bit keys and values, D = 128 and one n-tile alone
+// (pool_fits, attention_mma.cu).
 template <int LAYOUT, bool MIXED, int GC, class Fn>
 auto visit(const AttnArgs& a, Fn&& fn) {
   const auto d = [&]<class T, int BITS, int VBITS>() {
@@ -30,7 +29,7 @@ auto visit(const AttnArgs& a, Fn&& fn) {
     if constexpr (LAYOUT == mmak::kContigWide) {  // D = 512 (the d-split instantiations: one n-tile)
       return fn.template operator()<T, BITS, VBITS, 512, 1>();
     } else if constexpr (mmak::is_pool(LAYOUT)) {
-      return fn.template operator()<T, BITS, VBITS, 128, mmak::is_pool_rows(LAYOUT) ? 2 : 1>();
+      return fn.template operator()<T, BITS, VBITS, 128, 1>();
     } else {
       if constexpr (BITS != 2 && GC == 0) {
         if (a.D == 64)

@@ -78,32 +78,20 @@ constexpr int kMinBlocksLayout = QSDPA_MMA_MIN_BLOCKS_LAYOUT;  // the same, the 
 //   kContigPoolCluster: kContigPool whose splits of a row tile run as one cluster and merge in
 //             the kernel (AttnArgs::pool 1 and AttnArgs::cluster);
 //   kContigPoolPair: kContigPool in blocks of kPoolPairWarps warps, two per multiprocessor
-//             (AttnArgs::pool 2: grids of up to twice as many row tiles as multiprocessors);
-//   kContigPoolRows, kContigPoolRowsCluster: kContigPool and kContigPoolCluster for two n-tiles
-//             of query rows (9-16 rows per KV head: Lq = 2-4 at 4 query heads per KV head), in
-//             blocks of kPoolPairWarps warps, one per multiprocessor (AttnArgs::pool 1): the
-//             two-n-tile kernel takes ~255 registers, so 8 warps fill the register file.
+//             (AttnArgs::pool 2: grids of up to twice as many row tiles as multiprocessors).
 constexpr int kContig = 0, kPaged = 1, kAny = 2, kPaged16 = 3, kContigCluster = 4, kContigWide = 5,
-              kContigPool = 6, kContigPoolCluster = 7, kContigPoolPair = 8, kContigPoolRows = 9,
-              kContigPoolRowsCluster = 10;
+              kContigPool = 6, kContigPoolCluster = 7, kContigPoolPair = 8;
 // Whether a layout instantiation takes its tiles from the block's pool, and merges in a cluster.
 __host__ __device__ constexpr bool is_pool(int layout) {
-  return layout == kContigPool || layout == kContigPoolCluster || layout == kContigPoolPair ||
-         layout == kContigPoolRows || layout == kContigPoolRowsCluster;
+  return layout == kContigPool || layout == kContigPoolCluster || layout == kContigPoolPair;
 }
 __host__ __device__ constexpr bool is_cluster(int layout) {
-  return layout == kContigCluster || layout == kContigPoolCluster || layout == kContigPoolRowsCluster;
-}
-// Whether a tile-pool layout runs two n-tiles of query rows (16 rows per block).
-__host__ __device__ constexpr bool is_pool_rows(int layout) {
-  return layout == kContigPoolRows || layout == kContigPoolRowsCluster;
+  return layout == kContigCluster || layout == kContigPoolCluster;
 }
 // Warps per block of a layout instantiation.
 __host__ __device__ constexpr int warps_of(int layout) {
-  return layout == kContigPoolPair || is_pool_rows(layout) ? kPoolPairWarps : is_pool(layout) ? kPoolWarps : kWarps;
+  return layout == kContigPoolPair ? kPoolPairWarps : is_pool(layout) ? kPoolWarps : kWarps;
 }
-// Blocks per multiprocessor of a tile-pool layout (its __launch_bounds__).
-__host__ __device__ constexpr int pool_blocks_per_sm(int layout) { return layout == kContigPoolPair ? 2 : 1; }
 // The group size is a runtime value, so that group ends fall at runtime positions of the unrolled
 // loops over 32-dim blocks. kFoldEveryBlock: the key logits fold the group scale in at the end of
 // every block (more multiply-adds, no branch between the mma of different blocks); else only at
@@ -348,11 +336,13 @@ constexpr bool kClusterCode = true;
 #ifndef QSDPA_MMA_Q_FIRST
 #define QSDPA_MMA_Q_FIRST 1
 #endif
-// The tile pool's warps issue their second tile (W + warp) in the prologue too, into the ring's
-// other stage, which is idle until the first iteration: two tiles per warp in flight while the
-// query rows are prepared (-DQSDPA_MMA_POOL_PRO2=1; the pool's counter then starts at 2 W).
-#ifndef QSDPA_MMA_POOL_PRO2
-#define QSDPA_MMA_POOL_PRO2 0
+// The two-n-tile kernels' query rows read in 16-byte pieces, and their per-group sums reduced
+// across the warp once per group instead of once per 32 dims (kQVec below; -DQSDPA_MMA_Q_VEC=0:
+// as the one-n-tile kernels, element by element). H200 traces (2026-12-03, run 72, Lq=4 4-bit):
+// the query rows were in shared memory 4.8 us after the block's start, and their reductions took
+// 2.0 us more (180 shuffles per warp), against 2.6 us for the whole of it in the one-n-tile kernels.
+#ifndef QSDPA_MMA_Q_VEC
+#define QSDPA_MMA_Q_VEC 1
 #endif
 
 // (trace builds, -DQSDPA_MMA_TRACE=1) the words of a block's record (AttnArgs::trace) from
@@ -521,39 +511,11 @@ __device__ __forceinline__ bool arrive_last(const AttnArgs& a, float* scratch) {
   return true;
 }
 
-// The in-kernel merge of more than 8 splits by every thread of the last split's block
-// (-DQSDPA_MMA_MERGE_SPREAD=1, blocks of at least 8 warps, where it fits; merge_if_last below with
-// SPREAD, called through the non-inlined merge_spread, so that its code stays out of the kernel's):
-// thread t takes the float4 element e = t % E of the tile's rows (E = nrows D / 4, at most the
-// block's threads) and the splits t / E + k P (P = threads / E, k < kSpreadLoads), and issues its
-// loads of their o before the splits' m and l, so that they travel together rather than after the
-// weights; then its weighted sum, and the P sums of an element meet in shared memory. A split that
-// starts past the sequence's end (per-sequence lengths) stored no o: it is not read (its weight is
-// 0), nor is o of weight 0 added.
-#ifndef QSDPA_MMA_MERGE_SPREAD
-#define QSDPA_MMA_MERGE_SPREAD 0
-#endif
-constexpr int kSpreadLoads = 8;
-
-template <int RT, int W, bool SPREAD>
-__device__ __noinline__ void merge_spread(const AttnArgs* ap, float* scratch, int nrows, int r0, int64_t b,
-                                          int64_t kvh, int rep, int Lq);
-
-// (SPREAD: the merge of many splits above, called by merge_spread once the block is the last)
-template <int RT, int W = kWarps, bool SPREAD = false>
+template <int RT, int W = kWarps>
 __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch, int nrows, int r0, int64_t b,
                                               int64_t kvh, int rep, int Lq) {
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, S = int(gridDim.y), D = int(a.D);
-  if constexpr (!SPREAD) {
-    if (!arrive_last<RT>(a, scratch)) return;
-    if constexpr (QSDPA_MMA_MERGE_SPREAD != 0 && W >= 8) {
-      const int E = nrows * (D / 4);
-      if (S > 8 && E <= W * 32 && S <= kSpreadLoads * (W * 32 / E)) {
-        merge_spread<RT, W, true>(&a, scratch, nrows, r0, b, kvh, rep, Lq);
-        return;
-      }
-    }
-  }
+  if (!arrive_last<RT>(a, scratch)) return;
   const int64_t rows_total = a.B * a.Hq * a.Lq;
   float* wm = scratch + 4;                        // [RT][S] m, then the weights
   float* wl = wm + RT * S;                        // [RT][S] l
@@ -563,23 +525,6 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
     h = kvh * rep + row_head(r0 + lr, Lq, i);
     return (b * a.Hq + h) * a.Lq + i;
   };
-  // (SPREAD) this thread's element of the rows and its splits' o, loaded first
-  [[maybe_unused]] const int E = nrows * (D / 4), P = W * 32 / E, e = tid % E, p = tid / E;
-  [[maybe_unused]] float4 ob[SPREAD ? kSpreadLoads : 1];
-  if constexpr (SPREAD) {
-    const int64_t n = detail::seq_kv_len(a.kv_lens, b, a.N);
-    const int lr = e / (D / 4), d = 4 * (e - lr * (D / 4));
-    int64_t h;
-    int i;
-    const int64_t row = row_of(lr, h, i);
-#pragma unroll
-    for (int k = 0; k < kSpreadLoads; ++k) {
-      const int sp = p + k * P;
-      const bool live = p < P && sp < S && a.t_begin + int64_t(sp) * a.chunk < n;
-      ob[k] = live ? __ldcg(reinterpret_cast<const float4*>(a.part_o + (int64_t(sp) * rows_total + row) * D + d))
-                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-  }
   for (int idx = tid; idx < nrows * S; idx += W * 32) {
     const int lr = idx / S, sp = idx - lr * S;
     int64_t h;
@@ -621,35 +566,6 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
   }
   __syncthreads();
   trace_step(a, kTraceMerge2);
-  if constexpr (SPREAD) {
-    const int lr = e / (D / 4), d = 4 * (e - lr * (D / 4));
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-    for (int k = 0; k < kSpreadLoads; ++k) {
-      const int sp = p + k * P;
-      const float w = p < P && sp < S ? wm[lr * S + sp] : 0.0f;
-      if (w != 0.0f) {
-        acc.x = fmaf(w, ob[k].x, acc.x), acc.y = fmaf(w, ob[k].y, acc.y);
-        acc.z = fmaf(w, ob[k].z, acc.z), acc.w = fmaf(w, ob[k].w, acc.w);
-      }
-    }
-    float4* red = reinterpret_cast<float4*>(scratch + (4 + 2 * RT * S + 2 * RT + 3) / 4 * 4);  // [P][E]
-    if (p < P) red[tid] = acc;  // (tid = p E + e)
-    __syncthreads();
-    if (tid < E) {
-      for (int q = 1; q < P; ++q) {
-        const float4 v = red[q * E + tid];
-        acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
-      }
-      int64_t h;
-      int i;
-      row_of(lr, h, i);
-      const float inv = rinv[lr];
-      acc.x *= inv, acc.y *= inv, acc.z *= inv, acc.w *= inv;
-      store4_t(a.out, a.dtype, a.omap.at(b, h, i) + d, acc);
-    }
-    return;
-  }
   // Four consecutive elements of a row per thread: 16-byte loads of every split's o, 8 splits per
   // round (a split with no visible key, weight 0, may have left its o unwritten: split arg's is
   // read in its place).
@@ -872,17 +788,11 @@ __device__ __noinline__ void merge_if_last_cold(const AttnArgs* a, float* scratc
   merge_if_last<RT, W>(*a, scratch, nrows, r0, b, kvh, rep, Lq);
 }
 
-template <int RT, int W, bool SPREAD>
-__device__ __noinline__ void merge_spread(const AttnArgs* a, float* scratch, int nrows, int r0, int64_t b,
-                                          int64_t kvh, int rep, int Lq) {
-  merge_if_last<RT, W, SPREAD>(*a, scratch, nrows, r0, b, kvh, rep, Lq);
-}
-
 // KDEN: f16 keys as subnormal codes, else as magic-number codes (ignored for bf16). LAYOUT: kContig,
-// kPaged, kPaged16, kAny, kContigCluster, kContigWide or one of the tile pool's (above;
-// warps_of(LAYOUT) warps per block). GC: the group size, or 0 for a.k_group (above).
+// kPaged, kPaged16, kAny, kContigCluster, kContigWide or kContigPool (above; warps_of(LAYOUT) warps
+// per block). GC: the group size, or 0 for a.k_group (above).
 template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, int LAYOUT, int GC>
-__global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? pool_blocks_per_sm(LAYOUT)
+__global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPoolWarps / warps_of(LAYOUT)
                                                : d_split(D) > 1 ? kMinBlocksDSplit
                                                : (D >= 256 || NT == 2) ? kMinBlocksWide
                                                : LAYOUT == kContig || LAYOUT == kContigCluster ? kMinBlocks
@@ -902,9 +812,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? pool_
   constexpr int kTW = kTileTokens, kSCB = S::kSCB, kNZ = S::kNZ, kNGP = S::kNGP, kNGMax = S::kNGMax;
   constexpr int kDS = S::kDS, kTG = S::kTG, kDW = S::kDW;
   static_assert(kDS == 1 || (GC != 0 && LAYOUT == kContigWide), "d-split: contiguous caches, a constant group");
-  static_assert(16 + kRT * kInKernelMergeMaxSplits * 8 + kRT * 16 + kRT * 8 + (QSDPA_MMA_MERGE_SPREAD ? W * 32 * 16 + 16 : 0) <=
-                    S::kMain,
-                "the in-kernel merge's scratch fits");
+  static_assert(16 + kRT * kInKernelMergeMaxSplits * 8 + kRT * 16 + kRT * 8 <= S::kMain, "the in-kernel merge's scratch fits");
   extern __shared__ __align__(16) uint8_t smem[];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Launched as a programmatic dependent (AttnArgs::pdl), the block may be placed while the
@@ -1177,13 +1085,37 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? pool_
   // All loads first, then the stores: one memory latency for the block, not one per element
   // (the generic stores could otherwise alias the loads and serialize them).
   const uint16_t* q16 = static_cast<const uint16_t*>(a.q);
-  constexpr int kQPer = (kRT * D + W * 32 - 1) / (W * 32);
-  uint16_t qv[kQPer];
+  // kQVec (the two-n-tile kernels): 16-byte pieces of 8 elements, one row offset per piece (a
+  // piece whose address is not 16-byte aligned is read element by element), instead of one
+  // element and one row offset (a division by Lq, 64-bit products) per load.
+  constexpr bool kQVec = QSDPA_MMA_Q_VEC != 0 && NT == 2;
+  constexpr int kQE = kQVec ? 8 : 1;  // elements per load
+  constexpr int kQPer = (kRT * D / kQE + W * 32 - 1) / (W * 32);
+  uint16_t qv[kQPer][kQE];
   const auto load_q = [&]() {
 #pragma unroll
     for (int k = 0; k < kQPer; ++k) {
-      const int idx = tid + k * W * 32, lr = idx / D, d = idx - lr * D;
-      qv[k] = idx < kRT * D && lr < nrows ? __ldg(q16 + (q_off(lr) + d)) : uint16_t(0);
+      const int idx = tid + k * W * 32, lr = idx / (D / kQE), d = (idx - lr * (D / kQE)) * kQE;
+      if constexpr (kQVec) {
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (idx < kRT * D / kQE && lr < nrows) {
+          const uint16_t* src = q16 + (q_off(lr) + d);
+          if ((reinterpret_cast<uintptr_t>(src) & 15) == 0) {
+            v = __ldg(reinterpret_cast<const uint4*>(src));
+          } else {
+            uint16_t e[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) e[j] = __ldg(src + j);
+            v = make_uint4(e[0] | uint32_t(e[1]) << 16, e[2] | uint32_t(e[3]) << 16, e[4] | uint32_t(e[5]) << 16,
+                           e[6] | uint32_t(e[7]) << 16);
+          }
+        }
+        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) qv[k][j] = uint16_t(w[j >> 1] >> (16 * (j & 1)));
+      } else {
+        qv[k][0] = idx < kRT * D && lr < nrows ? __ldg(q16 + (q_off(lr) + d)) : uint16_t(0);
+      }
     }
   };
   constexpr bool kQFirst = QSDPA_MMA_Q_FIRST == 2 || (QSDPA_MMA_Q_FIRST == 1 && NT == 1);
@@ -1191,15 +1123,10 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? pool_
 
   // The pool's counter: the next tile no warp has taken (warps 0..W-1 start with tiles 0..W-1).
   int* pool = kPl ? reinterpret_cast<int*>(smem + S::kMain + S::kQ) : nullptr;
-  constexpr bool kPoolPro2 = kPl && QSDPA_MMA_POOL_PRO2 != 0;
   if constexpr (kPl) {
-    if (tid == 0) *pool = kPoolPro2 ? 2 * W : W;  // (read only after the barriers below)
+    if (tid == 0) *pool = W;  // (read only after the barriers below)
     if (warp < ntiles) issue(warp, 0);
     cp_commit();
-    if constexpr (kPoolPro2) {  // (the second tile, its own group)
-      if (W + warp < ntiles) issue(W + warp, 1);
-      cp_commit();
-    }
   } else {
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
@@ -1214,7 +1141,9 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? pool_
 #pragma unroll
     for (int k = 0; k < kQPer; ++k) {
       const int idx = tid + k * W * 32;
-      if (idx < kRT * D) qf[idx] = Y::to_f32(qv[k]);
+#pragma unroll
+      for (int j = 0; j < kQE; ++j)
+        if (idx < kRT * D / kQE) qf[idx * kQE + j] = Y::to_f32(qv[k][j]);
     }
     if (tid < kRT) {
       int i;
@@ -1254,10 +1183,14 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? pool_
         const float v = qf[lr * D + d] * sc;
         qf[lr * D + d] = v;
         float s1 = v, s2 = v * F::mu(d);
+        // (kQVec: the lane's sums of a group first, then one reduction per group, not per block)
+        if (!kQVec || ((bl + 1) & bpg_mask) == 0) {
+          if constexpr (kQVec) s1 += gs, s2 += go, gs = go = 0.0f;
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-          s1 += __shfl_xor_sync(0xffffffffu, s1, o);
-          s2 += __shfl_xor_sync(0xffffffffu, s2, o);
+          for (int o = 16; o > 0; o >>= 1) {
+            s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+            s2 += __shfl_xor_sync(0xffffffffu, s2, o);
+          }
         }
         gs += s1;
         go += s2;
@@ -1372,20 +1305,16 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? pool_
   // the tile after that is taken during the iteration (taken, lane 0's atomic), a shared-memory
   // round trip hidden behind the tile's math. Numbers at or past ntiles end the loop.
   int64_t cur = kPl ? warp : 0, nxt = 0;
-  if constexpr (kPoolPro2) nxt = W + warp;  // (in flight already)
-  else if constexpr (kPl) nxt = __shfl_sync(0xffffffffu, lane == 0 ? atomicAdd(pool, 1) : 0, 0);
+  if constexpr (kPl) nxt = __shfl_sync(0xffffffffu, lane == 0 ? atomicAdd(pool, 1) : 0, 0);
   for (int64_t it = 0; kPl ? cur < ntiles : it < my_tiles;
        ++it, t0 += tile_step, stage = stage + 1 == STAGES ? 0 : stage + 1) {
-    if (kPoolPro2 && it == 0)
-      cp_wait<1>();  // (the first tile; the second may still be in flight)
-    else
-      cp_wait<STAGES - 2>();
+    cp_wait<STAGES - 2>();
     __syncwarp();
     if (it == 0) trace_step(a, kTraceFirst);
     int taken = 0;
     if constexpr (kPl) {
       t0 = tb + cur * kTW;
-      if (nxt < ntiles && !(kPoolPro2 && it == 0)) issue(nxt, stage ^ 1);
+      if (nxt < ntiles) issue(nxt, stage ^ 1);
       if (lane == 0) taken = atomicAdd(pool, 1);
     } else if (it + STAGES - 1 < my_tiles) {
       issue(it + STAGES - 1, stage == 0 ? STAGES - 1 : stage - 1);

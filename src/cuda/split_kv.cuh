@@ -85,10 +85,9 @@ struct AttnArgs {
   // the combine kernel would (no partials, no combine launch).
   int cluster;
   // The tensor-core kernel's tile pool, whose warps take the split's tiles from a counter in the
-  // block's shared memory: 0 none; 1 one block per multiprocessor, of 16 warps (mmak::kContigPool,
-  // with `cluster` mmak::kContigPoolCluster, where allowed: cuda::set_pool_cluster), or of 8 with
-  // two n-tiles of query rows (mmak::kContigPoolRows, kContigPoolRowsCluster); 2 blocks of 8 warps,
-  // two per multiprocessor (mmak::kContigPoolPair, one n-tile, never with `cluster`). Set by the
+  // block's shared memory: 0 none; 1 blocks of 16 warps, one per multiprocessor (mmak::kContigPool,
+  // with `cluster` mmak::kContigPoolCluster, where allowed: cuda::set_pool_cluster); 2 blocks of 8
+  // warps, two per multiprocessor (mmak::kContigPoolPair, never with `cluster`). Set by the
   // planner before it asks for the kernel's occupancy.
   int pool;
   // 1: the device runs sm_90a code (compute capability 9.0): the tensor-core kernel may take its

@@ -4,7 +4,6 @@
 // and a small representative set for compute-sanitizer (CudaSanitize.*).
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -355,14 +354,13 @@ TEST(CudaAttention, ClusterMergeAndCombineKernel) {
 }
 
 // The tensor-core kernel's tile pool (blocks of 16 warps, or of 8, taking a split's 32-token tiles
-// from a counter in shared memory; 4-bit g64 D = 128, sm_90a): forced on problems of every size,
-// fewer tiles than warps included (10 tiles, 2 tiles), partial last tiles, sinks, windows that skip
-// tiles, masks, one to eight rows per KV head (one n-tile: blocks of 16 warps, or of 8 two per SM)
-// and nine to sixteen (two n-tiles: blocks of 8 warps, one per SM), splits merged in the kernel, by
-// the combine kernel and (one block per SM, cuda::set_pool_cluster) in clusters; each case is
-// checked to take the pool meant (where the device has it) and the merge meant, and held to the
-// reference. Then the default choice: the pool on the large shapes only, blocks of 8 warps where
-// the row tiles are up to twice the SMs, and for Lq = 4 at 4 query heads per KV head.
+// from a counter in shared memory; 4-bit g64 D = 128, at most 8 rows per KV head, sm_90a): forced
+// on problems of every size, fewer tiles than warps included (10 tiles, 2 tiles), partial last
+// tiles, sinks, windows that skip tiles, masks, one to eight rows per KV head, splits merged in the
+// kernel, by the combine kernel and (blocks of 16 warps, cuda::set_pool_cluster) in clusters; each
+// case is checked to take the pool meant (where the device has it) and the merge meant, and held
+// to the reference. Then the default choice: the pool on the large shapes only, blocks of 8 warps
+// where the row tiles are up to twice the SMs.
 TEST(CudaAttention, TilePoolBlocks) {
   QSDPA_REQUIRE_CUDA();
   const bool want = device_takes_sm90a_kernels();
@@ -401,34 +399,8 @@ TEST(CudaAttention, TilePoolBlocks) {
   c.dtype = DType::bf16, c.kf = c.vf = {4, 64}, c.D = 128;
   c.B = 2, c.Hq = 6, c.Hkv = 2, c.Lq = 2, c.N = 3001, c.window = 100, c.bool_mask = MaskKind::u32;  // 6 rows
   cases.push_back(c);
-  // two n-tiles (9-16 rows per KV head): blocks of 8 warps, one per SM, in the modes of blocks of 16
-  std::vector<Case> rows_cases;
-  c = Case{};
-  c.dtype = DType::f16, c.kf = c.vf = {4, 64}, c.D = 128;
-  c.B = 2, c.Hq = 8, c.Hkv = 2, c.Lq = 4, c.N = 300, c.sinks = true;  // 16 rows, 10 tiles for 8 warps
-  rows_cases.push_back(c);
-  c = Case{};
-  c.dtype = DType::bf16, c.kf = c.vf = {4, 64}, c.D = 128;
-  c.B = 1, c.Hq = 4, c.Hkv = 1, c.Lq = 3, c.N = 5000, c.window = 700, c.float_mask = true;  // 12 rows
-  rows_cases.push_back(c);
-  c = Case{};
-  c.dtype = DType::f16, c.kf = c.vf = {4, 64}, c.D = 128;
-  c.B = 3, c.Hq = 32, c.Hkv = 8, c.Lq = 4, c.N = 2000, c.bool_mask = MaskKind::u8;
-  rows_cases.push_back(c);
-  c = Case{};
-  c.dtype = DType::bf16, c.kf = c.vf = {4, 64}, c.D = 128;
-  c.B = 2, c.Hq = 8, c.Hkv = 1, c.Lq = 2, c.N = 33, c.sinks = true;  // 16 rows, 2 tiles
-  rows_cases.push_back(c);
-  c = Case{};
-  c.dtype = DType::f16, c.kf = c.vf = {4, 64}, c.D = 128;
-  c.B = 1, c.Hq = 8, c.Hkv = 2, c.Lq = 4, c.N = 40000, c.sinks = true;  // many splits
-  rows_cases.push_back(c);
-  c = Case{};
-  c.dtype = DType::bf16, c.kf = c.vf = {4, 64}, c.D = 128;
-  c.B = 2, c.Hq = 6, c.Hkv = 2, c.Lq = 3, c.N = 3001, c.window = 100, c.bool_mask = MaskKind::u32;  // 9 rows
-  rows_cases.push_back(c);
   uint64_t seed = 9900;
-  int clustered = 0, rows_clustered = 0;
+  int clustered = 0;
   // blocks of 16 warps: in the kernel, the combine kernel, clusters; blocks of 8: in the kernel,
   // the combine kernel
   for (int pass = 0; pass < 5; ++pass) {
@@ -451,25 +423,10 @@ TEST(CudaAttention, TilePoolBlocks) {
       clustered += merge == 2 && cl;
       EXPECT_EQ(test::run_cuda_case(cs), "") << how << cs.str();
     }
-    // (two n-tiles: the pool's blocks of 8 warps one per SM in the modes of blocks of 16; with the
-    // pair of blocks asked for, none: the 4-warp blocks)
-    for (Case cs : rows_cases) {
-      cs.seed = seed++;
-      test::Problem h(cs);
-      test::DeviceProblem d(h);
-      EXPECT_EQ(cuda::planned_pool(d.params()), want && !pair ? 1 : 0) << how << cs.str();
-      const bool cl = cuda::uses_cluster_merge(d.params());
-      if (want && merge < 2) {
-        EXPECT_FALSE(cl) << how << cs.str();
-      }
-      rows_clustered += !pair && merge == 2 && cl;
-      EXPECT_EQ(test::run_cuda_case(cs), "") << how << "two n-tiles: " << cs.str();
-    }
   }
   // (the pool's clusters: at most 16 splits, all resident at once; most cases here qualify)
   if (want) {
     EXPECT_GE(clustered, 3) << "cases whose pool splits merged in clusters";
-    EXPECT_GE(rows_clustered, 3) << "two-n-tile cases whose pool splits merged in clusters";
   }
   // The default (mode 1): the pool where the tiles are many per warp of a full wave and its blocks
   // fill the slots in one round: blocks of 16 warps for up to 132 row tiles (on an H200), of 8 for
@@ -480,10 +437,10 @@ TEST(CudaAttention, TilePoolBlocks) {
   cuda::set_in_kernel_merge(true);
   cuda::set_pool_cluster(true);
   alignas(16) static uint8_t dummy[64];  // (never dereferenced: the plan reads shapes alone)
-  const auto shape = [&](int64_t B, int64_t N, int bits, int64_t Lq = 1) {
+  const auto shape = [&](int64_t B, int64_t N, int bits) {
     AttentionParams p;
     p.dtype = DType::f16;
-    p.B = B, p.Hq = 32, p.Hkv = 8, p.Lq = Lq, p.N = N, p.D = 128;
+    p.B = B, p.Hq = 32, p.Hkv = 8, p.Lq = 1, p.N = N, p.D = 128;
     const auto* w = reinterpret_cast<const uint32_t*>(dummy);
     p.q = dummy, p.out = dummy;
     p.k = {{bits, 64}, w, dummy, dummy, {}};
@@ -506,16 +463,6 @@ TEST(CudaAttention, TilePoolBlocks) {
   EXPECT_EQ(cuda::planned_pool(shape(1, 131072, 4)), here ? 1 : 0);
   EXPECT_FALSE(cuda::uses_block_pool(shape(1, 4096, 4)));
   EXPECT_FALSE(cuda::uses_block_pool(shape(8, 32768, 8)));
-  // Lq = 4 (two n-tiles) keeps its 4-warp blocks by default (QSDPA_POOL_ROWS=1 takes the pool)
-  const char* rows_env = std::getenv("QSDPA_POOL_ROWS");
-  const bool rows_on = rows_env && std::string(rows_env) == "1";
-  EXPECT_EQ(cuda::planned_pool(shape(8, 32768, 4, 4)), here && rows_on ? 1 : 0);
-  if (here && rows_on) {  // (64 row tiles of 16 rows: blocks of 8 warps one per SM, 2 splits in clusters)
-    EXPECT_EQ(cuda::planned_splits(shape(8, 32768, 4, 4)), 2) << "128 blocks of 8 warps, 1 per SM";
-    EXPECT_TRUE(cuda::uses_cluster_merge(shape(8, 32768, 4, 4))) << "64 clusters of 2";
-  }
-  EXPECT_FALSE(cuda::uses_block_pool(shape(8, 32768, 8, 4)));
-  EXPECT_FALSE(cuda::uses_block_pool(shape(6, 32768, 4, 4)));  // 48 row tiles of 16 rows: 96 of 132 SMs
   cuda::set_block_pool(0);
   EXPECT_FALSE(cuda::uses_block_pool(shape(8, 32768, 4)));
 }
