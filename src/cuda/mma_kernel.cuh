@@ -336,11 +336,14 @@ constexpr bool kClusterCode = true;
 #ifndef QSDPA_MMA_Q_FIRST
 #define QSDPA_MMA_Q_FIRST 1
 #endif
-// The two-n-tile kernels' query rows read in 16-byte pieces, and their per-group sums reduced
-// across the warp once per group instead of once per 32 dims (kQVec below; -DQSDPA_MMA_Q_VEC=0:
-// as the one-n-tile kernels, element by element). H200 traces (2026-12-03, run 72, Lq=4 4-bit):
-// the query rows were in shared memory 4.8 us after the block's start, and their reductions took
-// 2.0 us more (180 shuffles per warp), against 2.6 us for the whole of it in the one-n-tile kernels.
+// The two-n-tile kernels' query rows read in 16-byte pieces, a thread's pieces consecutive dims of
+// one row, each row's largest magnitude and group sums reduced across its threads, all rows at once
+// (kQVec below; -DQSDPA_MMA_Q_VEC=0: as the one-n-tile kernels, element by element, each warp
+// reducing 4 rows one after another with 32-lane shuffles). H200 traces (2026-12-03, run 72, Lq=4
+// 4-bit): the query rows were in shared memory 4.8 us after the block's start and their reductions
+// took 2.0 us more, against 2.6 us for the whole of it in the one-n-tile kernels. Run 73 (16-byte
+// loads, the reductions as before but one per group): 3.3 us and 1.9 us; Lq=4 f16 4-bit 111.5 ->
+// 110.7 us per call, bf16 118.1 -> 115.9, 8-bit 148.3 -> 147.5, 3 rounds each.
 #ifndef QSDPA_MMA_Q_VEC
 #define QSDPA_MMA_Q_VEC 1
 #endif
@@ -1095,7 +1098,9 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   const auto load_q = [&]() {
 #pragma unroll
     for (int k = 0; k < kQPer; ++k) {
-      const int idx = tid + k * W * 32, lr = idx / (D / kQE), d = (idx - lr * (D / kQE)) * kQE;
+      // (kQVec: a thread's pieces are consecutive, kQPer * 8 dims of one row)
+      const int idx = kQVec ? tid * kQPer + k : tid + k * W * 32, lr = idx / (D / kQE),
+                d = (idx - lr * (D / kQE)) * kQE;
       if constexpr (kQVec) {
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
         if (idx < kRT * D / kQE && lr < nrows) {
@@ -1137,13 +1142,66 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
 
   // ---- query rows: scaled copy in f32, per-row scale, per-group sums --------------------------
   if constexpr (!kQFirst) load_q();
-  {
+  if constexpr (kQVec) {
+    // A row's D dims over kTPR consecutive lanes, kDPT each (its 16-byte pieces, above): the row's
+    // largest magnitude and its groups' sums reduced across those lanes, every row at once.
+    constexpr int kDPT = kQPer * kQE, kTPR = D / kDPT;
+    static_assert(kTPR * kRT == W * 32 && kDPT * kTPR == D && kTPR <= 32 && kDPT <= 32 && kDPT % 4 == 0,
+                  "a row's dims over consecutive lanes, at most 32 dims (a group at least) each");
+    const int lr = tid / kTPR, d0 = (tid - lr * kTPR) * kDPT;
+    float f[kDPT];
+#pragma unroll
+    for (int k = 0; k < kQPer; ++k)
+#pragma unroll
+      for (int j = 0; j < kQE; ++j) f[k * kQE + j] = Y::to_f32(qv[k][j]);
+    trace_step(a, kTraceQIn);
+    if (tid < kRT) {
+      int i;
+      row_head(r0 + tid, Lq, i);
+      rpos[tid] = tid < nrows && i < lq ? n - lq + i : -1;
+      rmrow[tid] = tid < nrows ? m_off(tid) : 0;
+    }
+    // (a padding row is zeros: amax 0, no prescale, sums 0, the plain logit factor)
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kDPT; ++j) amax = fmaxf(amax, fabsf(f[j]));
+#pragma unroll
+    for (int o = kTPR / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    int e = 0;
+    if (F::kPrescale && amax > 0.0f && amax <= 3.0e38f) {
+      int ex;
+      frexpf(amax, &ex);
+      e = max(-100, min(100, F::kT0 + 1 - ex));
+    }
+    const float sc = ldexpf(1.0f, e);
+    float s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kDPT; ++j) {
+      f[j] *= sc;
+      s1 += f[j];
+      s2 += f[j] * F::mu(d0 + j);
+    }
+#pragma unroll
+    for (int j = 0; j < kDPT; j += 4)
+      *reinterpret_cast<float4*>(qf + lr * D + d0 + j) = make_float4(f[j], f[j + 1], f[j + 2], f[j + 3]);
+    // a group's dims: G / kDPT consecutive lanes
+#pragma unroll
+    for (int o = 1; o < kTPR; o <<= 1)
+      if (o * kDPT < G) {
+        s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+        s2 += __shfl_xor_sync(0xffffffffu, s2, o);
+      }
+    if ((d0 & (G - 1)) == 0) {
+      qc[lr * kNGMax + (d0 >> (5 + lbpg))] = s1;
+      qo[lr * kNGMax + (d0 >> (5 + lbpg))] = s2;
+    }
+    if (d0 == 0) rowc[lr] = a.scale * kLog2e * ldexpf(1.0f, -e) / F::kKappa;
+    __syncthreads();
+  } else {
 #pragma unroll
     for (int k = 0; k < kQPer; ++k) {
       const int idx = tid + k * W * 32;
-#pragma unroll
-      for (int j = 0; j < kQE; ++j)
-        if (idx < kRT * D / kQE) qf[idx * kQE + j] = Y::to_f32(qv[k][j]);
+      if (idx < kRT * D) qf[idx] = Y::to_f32(qv[k][0]);
     }
     if (tid < kRT) {
       int i;
@@ -1183,14 +1241,10 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
         const float v = qf[lr * D + d] * sc;
         qf[lr * D + d] = v;
         float s1 = v, s2 = v * F::mu(d);
-        // (kQVec: the lane's sums of a group first, then one reduction per group, not per block)
-        if (!kQVec || ((bl + 1) & bpg_mask) == 0) {
-          if constexpr (kQVec) s1 += gs, s2 += go, gs = go = 0.0f;
 #pragma unroll
-          for (int o = 16; o > 0; o >>= 1) {
-            s1 += __shfl_xor_sync(0xffffffffu, s1, o);
-            s2 += __shfl_xor_sync(0xffffffffu, s2, o);
-          }
+        for (int o = 16; o > 0; o >>= 1) {
+          s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+          s2 += __shfl_xor_sync(0xffffffffu, s2, o);
         }
         gs += s1;
         go += s2;
