@@ -96,7 +96,7 @@ for part in $parts; do
   sel=(-R "${QSDPA_GPU_CTEST_REGEX:-^Cuda|/Cuda}")
   [ $part = rest ] && sel=(-E '^Cuda|/Cuda')
   echo "===== ctest ($part) =====" >>"$out/ctest.log"
-  timeout "$(limit 150 110)" ctest --test-dir "$build" -j"$jobs" --output-on-failure --timeout 150 "${sel[@]}" \
+  timeout "$(limit 240 110)" ctest --test-dir "$build" -j"$jobs" --output-on-failure --timeout 300 "${sel[@]}" \
     >>"$out/ctest.log" 2>&1
   rc=$?
   say "ctest ($part): rc $rc in $(($(elapsed) - t0)) s: $(grep -E 'tests passed|tests failed' "$out/ctest.log" | tail -1)"
