@@ -667,6 +667,43 @@ TEST(CudaAttention, TwoNTileInKernelMerge) {
     }
 }
 
+// The two-n-tile kernels read the query rows in 16-byte pieces where a piece's address is 16-byte
+// aligned, and element by element where it is not (mma_kernel.cuh, kQVec): q 2 bytes past a 16-byte
+// boundary (every piece misaligned), and q rows D + 4 elements apart (consecutive rows alternately
+// aligned and not), with a padding row tile (12 rows of 16) and without (16 rows); f16 and bf16,
+// D = 128 and 64; each on the tensor cores, held to the reference.
+TEST(CudaAttention, TwoNTileQueryRowsAtAnyAlignment) {
+  QSDPA_REQUIRE_CUDA();
+  uint64_t seed = 7100;
+  for (DType t : {DType::f16, DType::bf16})
+    for (int64_t D : {128, 64})
+      for (int how = 0; how < 2; ++how) {
+        Case c;
+        c.dtype = t, c.kf = c.vf = {4, D == 128 ? 64 : 32}, c.D = D;
+        c.B = 2, c.Hq = 8, c.Hkv = 2, c.Lq = how == 0 ? 4 : 3, c.N = 700, c.sinks = true, c.seed = seed++;
+        test::Problem h(c);
+        test::DeviceProblem d(h);
+        AttentionParams p = d.params();
+        const size_t ts = test::tsize(t);
+        const int64_t rows = c.B * c.Hq * c.Lq, ls = how == 0 ? D : D + 4;  // (elements from row to row)
+        const size_t shift = how == 0 ? 2 : 0;
+        std::vector<uint8_t> qh(size_t(rows * ls) * ts, 0);
+        for (int64_t r = 0; r < rows; ++r)
+          std::memcpy(qh.data() + size_t(r * ls) * ts, h.q.data() + size_t(r * D) * ts, size_t(D) * ts);
+        test::DeviceBuffer qd(qh.size() + 32);
+        char* q = qd.as<char>() + shift;
+        CUDA_ASSERT(cudaMemcpy(q, qh.data(), qh.size(), cudaMemcpyHostToDevice));
+        p.q = q;
+        p.q_strides = {c.Hq * c.Lq * ls, c.Lq * ls, ls};
+        EXPECT_TRUE(cuda::uses_tensor_cores(p)) << c.str();
+        const Status s = attention(p);
+        ASSERT_TRUE(s.ok()) << s.message;
+        CUDA_ASSERT(cudaMemcpy(h.out.data(), p.out, h.out.size(), cudaMemcpyDeviceToHost));
+        EXPECT_EQ(test::check_against_reference(h.params(Backend::reference), h.out.data()), "")
+            << (how == 0 ? "q 2 bytes past 16: " : "q rows D + 4 apart: ") << c.str();
+      }
+}
+
 TEST(CudaAttention, Windows) {
   QSDPA_REQUIRE_CUDA();
   uint64_t seed = 50;
