@@ -356,7 +356,8 @@ constexpr bool kClusterCode = true;
 // per-row step's barrier, kTraceMerge1 / kTraceMerge2 the merge's first steps (cluster merge: the
 // first cluster barrier passed, the weights' barrier; in-kernel merge: the m and l loaded, the
 // weights' barrier); inside the prologue, kTraceQIn the query rows' f32 copy in shared memory (their
-// loads landed) and kTraceBOps the mma B operands of the rows in thread 0's registers.
+// loads landed; kQVec kernels: thread 0's own pieces converted, no barrier) and kTraceBOps the mma
+// B operands of the rows in thread 0's registers.
 constexpr int kTraceWarp0 = 4, kTraceStores = kTraceWarp0 + kWarps, kTraceArrival = kTraceStores + 1;
 constexpr int kTraceProlog = kTraceArrival + 1, kTraceFirst = kTraceProlog + 1, kTraceOStored = kTraceFirst + 1,
               kTraceRowStep = kTraceOStored + 1, kTraceMerge1 = kTraceRowStep + 1, kTraceMerge2 = kTraceMerge1 + 1,
