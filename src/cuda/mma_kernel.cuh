@@ -343,7 +343,11 @@ constexpr bool kClusterCode = true;
 // 4-bit): the query rows were in shared memory 4.8 us after the block's start and their reductions
 // took 2.0 us more, against 2.6 us for the whole of it in the one-n-tile kernels. Run 73 (16-byte
 // loads, the reductions as before but one per group): 3.3 us and 1.9 us; Lq=4 f16 4-bit 111.5 ->
-// 110.7 us per call, bf16 118.1 -> 115.9, 8-bit 148.3 -> 147.5, 3 rounds each.
+// 110.7 us per call, bf16 118.1 -> 115.9, 8-bit 148.3 -> 147.5, 3 rounds each. Run 74 (this form,
+// 3 rounds against 0): rows ready 6.8 -> 3.6 us; Lq=4 f16 4-bit 112.1 -> 109.2 us, bf16 118.7 ->
+// 114.6, 8-bit 148.5 -> 145.8, Lq=3 110.0 -> 107.9. -DQSDPA_MMA_Q_VEC=2 takes it in every kernel
+// whose rows' pieces fall evenly on its threads, a row on at most 32 lanes (the 4-warp blocks of
+// one n-tile at D = 128 and 256 too; not the pool's blocks nor the d-split): not yet measured.
 #ifndef QSDPA_MMA_Q_VEC
 #define QSDPA_MMA_Q_VEC 1
 #endif
@@ -1092,7 +1096,8 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   // kQVec (the two-n-tile kernels): 16-byte pieces of 8 elements, one row offset per piece (a
   // piece whose address is not 16-byte aligned is read element by element), instead of one
   // element and one row offset (a division by Lq, 64-bit products) per load.
-  constexpr bool kQVec = QSDPA_MMA_Q_VEC != 0 && NT == 2;
+  constexpr bool kQVecFits = S::kDS == 1 && (kRT * D / 8) % (W * 32) == 0 && (W * 32) % kRT == 0 && W * 32 / kRT <= 32;
+  constexpr bool kQVec = (QSDPA_MMA_Q_VEC == 1 && NT == 2) || (QSDPA_MMA_Q_VEC == 2 && kQVecFits);
   constexpr int kQE = kQVec ? 8 : 1;  // elements per load
   constexpr int kQPer = (kRT * D / kQE + W * 32 - 1) / (W * 32);
   uint16_t qv[kQPer][kQE];
