@@ -1097,7 +1097,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   // piece whose address is not 16-byte aligned is read element by element), instead of one
   // element and one row offset (a division by Lq, 64-bit products) per load.
   constexpr bool kQVecFits = S::kDS == 1 && (kRT * D / 8) % (W * 32) == 0 && (W * 32) % kRT == 0 && W * 32 / kRT <= 32;
-  constexpr bool kQVec = (QSDPA_MMA_Q_VEC == 1 && NT == 2) || (QSDPA_MMA_Q_VEC == 2 && kQVecFits);
+  constexpr bool kQVec = kQVecFits && ((QSDPA_MMA_Q_VEC == 1 && NT == 2) || QSDPA_MMA_Q_VEC == 2);
   constexpr int kQE = kQVec ? 8 : 1;  // elements per load
   constexpr int kQPer = (kRT * D / kQE + W * 32 - 1) / (W * 32);
   uint16_t qv[kQPer][kQE];

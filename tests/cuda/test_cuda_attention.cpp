@@ -667,25 +667,31 @@ TEST(CudaAttention, TwoNTileInKernelMerge) {
     }
 }
 
-// The two-n-tile kernels read the query rows in 16-byte pieces where a piece's address is 16-byte
-// aligned, and element by element where it is not (mma_kernel.cuh, kQVec): q 2 bytes past a 16-byte
-// boundary (every piece misaligned), and q rows D + 4 elements apart (consecutive rows alternately
-// aligned and not), with a padding row tile (12 rows of 16) and without (16 rows); f16 and bf16,
-// D = 128 and 64; each on the tensor cores, held to the reference.
-TEST(CudaAttention, TwoNTileQueryRowsAtAnyAlignment) {
+// The query rows at any alignment. The two-n-tile kernels read them in 16-byte pieces where a
+// piece's address is 16-byte aligned and element by element where it is not (mma_kernel.cuh,
+// kQVec; -DQSDPA_MMA_Q_VEC=2 takes that into the 4-warp one-n-tile kernels too): q 2 bytes past a
+// 16-byte boundary (every piece misaligned), and q rows D + 4 elements apart (consecutive rows
+// alternately aligned and not); 16 rows and 12 (a padding part of the row tile) at D = 128, 16 at
+// D = 64, and one n-tile (8 rows at D = 128, 4 at D = 256); f16 and bf16; each on the tensor
+// cores, held to the reference.
+TEST(CudaAttention, QueryRowsAtAnyAlignment) {
   QSDPA_REQUIRE_CUDA();
+  struct Shape {
+    int64_t D, Lq;
+    int group;
+  };
   uint64_t seed = 7100;
   for (DType t : {DType::f16, DType::bf16})
-    for (int64_t D : {128, 64})
+    for (Shape sh : {Shape{128, 4, 64}, Shape{128, 3, 64}, Shape{64, 4, 32}, Shape{128, 2, 64}, Shape{256, 1, 64}})
       for (int how = 0; how < 2; ++how) {
         Case c;
-        c.dtype = t, c.kf = c.vf = {4, D == 128 ? 64 : 32}, c.D = D;
-        c.B = 2, c.Hq = 8, c.Hkv = 2, c.Lq = how == 0 ? 4 : 3, c.N = 700, c.sinks = true, c.seed = seed++;
+        c.dtype = t, c.kf = c.vf = {4, sh.group}, c.D = sh.D;
+        c.B = 2, c.Hq = 8, c.Hkv = 2, c.Lq = sh.Lq, c.N = 700, c.sinks = true, c.seed = seed++;
         test::Problem h(c);
         test::DeviceProblem d(h);
         AttentionParams p = d.params();
         const size_t ts = test::tsize(t);
-        const int64_t rows = c.B * c.Hq * c.Lq, ls = how == 0 ? D : D + 4;  // (elements from row to row)
+        const int64_t D = c.D, rows = c.B * c.Hq * c.Lq, ls = how == 0 ? D : D + 4;  // (elements row to row)
         const size_t shift = how == 0 ? 2 : 0;
         std::vector<uint8_t> qh(size_t(rows * ls) * ts, 0);
         for (int64_t r = 0; r < rows; ++r)
