@@ -305,6 +305,19 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
   return v;
 }
 
+// The power of two e that a query row of largest magnitude amax is scaled by before it becomes an
+// mma operand (F::kPrescale formats: the row's top near 2^kT0; 0 for a zero or non-finite row).
+template <class F>
+__device__ __forceinline__ int prescale_exp(float amax) {
+  int e = 0;
+  if (F::kPrescale && amax > 0.0f && amax <= 3.0e38f) {
+    int ex;
+    frexpf(amax, &ex);
+    e = max(-100, min(100, F::kT0 + 1 - ex));
+  }
+  return e;
+}
+
 // Query row r of a KV head's rep * Lq rows: head hl = r / Lq of the group and row i = r % Lq
 // (no division in the common Lq = 1).
 __device__ __forceinline__ int row_head(int r, int Lq, int& i) {
@@ -1173,12 +1186,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
     for (int j = 0; j < kDPT; ++j) amax = fmaxf(amax, fabsf(f[j]));
 #pragma unroll
     for (int o = kTPR / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    int e = 0;
-    if (F::kPrescale && amax > 0.0f && amax <= 3.0e38f) {
-      int ex;
-      frexpf(amax, &ex);
-      e = max(-100, min(100, F::kT0 + 1 - ex));
-    }
+    const int e = prescale_exp<F>(amax);
     const float sc = ldexpf(1.0f, e);
     float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll
@@ -1233,12 +1241,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
       for (int d = lane; d < D; d += 32) amax = fmaxf(amax, fabsf(qf[lr * D + d]));
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      int e = 0;
-      if (F::kPrescale && amax > 0.0f && amax <= 3.0e38f) {
-        int ex;
-        frexpf(amax, &ex);
-        e = max(-100, min(100, F::kT0 + 1 - ex));
-      }
+      const int e = prescale_exp<F>(amax);
       const float sc = ldexpf(1.0f, e);
       float gs = 0.0f, go = 0.0f;
 #pragma unroll
