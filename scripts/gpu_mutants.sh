@@ -56,6 +56,7 @@ mutants=(
   'direct-empty-silent|src/cuda/mma_kernel.cuh|s/^        store_t(a.out, a.dtype, a.omap.at(b, kvh \* rep + hl, i) + d, 0.0f);$//|a grid of one split leaves the rows of an empty sequence unwritten|test_cuda_attention@CudaAttention.OneSplitWritesTheOutput:CudaAttention.NoKeysGivesZeros|g64'
   'compact-no-sink|src/cuda/mma_kernel.cuh|s/^    if (m_all != -INFINITY \&\& a.sinks) denom += expf(sink - mx);$//|the compact merge of the two-n-tile kernels leaves the row'"'"'s sink out|test_cuda_attention@CudaAttention.TwoNTileInKernelMerge|g64'
   'compact-one-row|src/cuda/mma_kernel.cuh|s/^    if constexpr (kCompact) rpos\[lr\] = int64_t(split) \* rows_total + qrow_of(lr);/    if constexpr (kCompact) rpos[lr] = int64_t(split) * rows_total + qrow_of(lr \/ 2);/|the compact epilogue stores two rows'"'"' partials in one row|test_cuda_attention@CudaAttention.TwoNTileInKernelMerge|g64'
+  'q-unaligned-swap|src/cuda/mma_kernel.cuh|s/e\[j\] = __ldg(src + j);/e[j] = __ldg(src + (j ^ 1));/|the query rows'"'"' element-by-element fallback (a 16-byte piece that is not 16-byte aligned) swaps neighbouring elements|test_cuda_attention@CudaAttention.QueryRowsAtAnyAlignment|g64'
   'zeroed-unasked|src/cuda/backend.cu|s/return in_kernel_merge(a, !p.workspace .. p.workspace_zeroed);/return in_kernel_merge(a, true);/|a caller'"'"'s workspace is taken as zero-filled without workspace_zeroed|test_cuda_runtime@'"$tests_rt"'|all'
 )
 # QSDPA_MUTANTS='name name': only these (default: all)

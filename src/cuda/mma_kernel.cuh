@@ -150,7 +150,8 @@ __host__ __device__ constexpr uint32_t f16_pow2_bits(int k) {
 __host__ __device__ constexpr int f16_pow2_exp(uint32_t bits) { return int((bits >> 10) & 31u) - 15; }
 // The end of the block's token loop: the warps' states merge in shared memory, their o with the
 // head dims swizzled against bank conflicts (osw in the kernel). 0: unswizzled (the form before
-// 2026-12-02; a tuning knob).
+// 2026-12-02; a tuning knob). 2: the two-n-tile kernels too (their rows' o took 1.3 us (median;
+// p90 2.4) from the loop's end to be in shared memory at Lq=4 4-bit, H200 trace, run 75).
 #ifndef QSDPA_MMA_OSWIZZLE
 #define QSDPA_MMA_OSWIZZLE 1
 #endif
@@ -345,9 +346,11 @@ constexpr bool kClusterCode = true;
 // first (run 70, 2 rounds against 0): 2.6-2.7 us; B=8 N=32768 4-bit 81.9 -> 80.0 us per call, B=32
 // N=4096 46.7 -> 45.0, B=1 N=131072 50.0 -> 48.5, 2-bit 77.5 -> 76.5, B=1 N=4096 8-bit in graphs of
 // 10 10.5 -> 10.1; but the two-n-tile kernels (Lq=4, whose rows were ready only after 6.7-7.0 us
-// either way) 110.7 -> 111.6, so those keep the order before.
+// either way) 110.7 -> 111.6, so those kept the order before. With their rows read in two 16-byte
+// loads per thread (QSDPA_MMA_Q_VEC, run 74) loading first pays there too: run 75 (2 rounds against
+// 1), Lq=4 4-bit 109.9 -> 108.8 us, 8-bit 146.3 -> 144.9; the one-n-tile shapes unchanged.
 #ifndef QSDPA_MMA_Q_FIRST
-#define QSDPA_MMA_Q_FIRST 1
+#define QSDPA_MMA_Q_FIRST 2
 #endif
 // The two-n-tile kernels' query rows read in 16-byte pieces, a thread's pieces consecutive dims of
 // one row, each row's largest magnitude and group sums reduced across its threads, all rows at once
@@ -358,11 +361,14 @@ constexpr bool kClusterCode = true;
 // loads, the reductions as before but one per group): 3.3 us and 1.9 us; Lq=4 f16 4-bit 111.5 ->
 // 110.7 us per call, bf16 118.1 -> 115.9, 8-bit 148.3 -> 147.5, 3 rounds each. Run 74 (this form,
 // 3 rounds against 0): rows ready 6.8 -> 3.6 us; Lq=4 f16 4-bit 112.1 -> 109.2 us, bf16 118.7 ->
-// 114.6, 8-bit 148.5 -> 145.8, Lq=3 110.0 -> 107.9. -DQSDPA_MMA_Q_VEC=2 takes it in every kernel
-// whose rows' pieces fall evenly on its threads, a row on at most 32 lanes (the 4-warp blocks of
-// one n-tile at D = 128 and 256 too; not the pool's blocks nor the d-split): not yet measured.
+// 114.6, 8-bit 148.5 -> 145.8, Lq=3 110.0 -> 107.9. 2 (the default since run 75): in every kernel
+// whose rows' pieces fall evenly on all its threads, a row on at most 32 lanes (the 4-warp blocks of
+// one n-tile at D = 128 and 256 too; not the pool's blocks of 16 warps nor the d-split). Run 75 (2
+// rounds against 1): D=256 4-bit 37.2 -> 34.1 us, 8-bit 51.8 -> 46.5, 2-bit 76.9 -> 75.8, B=1
+// N=4096 4-bit 12.4 -> 11.6, 8-bit 13.2 -> 12.6; the other shapes within 0.5 us. 3: also the
+// blocks with more threads than pieces (the pool's), one piece per thread on the first warps.
 #ifndef QSDPA_MMA_Q_VEC
-#define QSDPA_MMA_Q_VEC 1
+#define QSDPA_MMA_Q_VEC 2
 #endif
 
 // (trace builds, -DQSDPA_MMA_TRACE=1) the words of a block's record (AttnArgs::trace) from
@@ -1109,10 +1115,16 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   // kQVec (the two-n-tile kernels): 16-byte pieces of 8 elements, one row offset per piece (a
   // piece whose address is not 16-byte aligned is read element by element), instead of one
   // element and one row offset (a division by Lq, 64-bit products) per load.
-  constexpr bool kQVecFits = S::kDS == 1 && (kRT * D / 8) % (W * 32) == 0 && (W * 32) % kRT == 0 && W * 32 / kRT <= 32;
-  constexpr bool kQVec = kQVecFits && ((QSDPA_MMA_Q_VEC == 1 && NT == 2) || QSDPA_MMA_Q_VEC == 2);
+  // The pieces over the block's threads: kQPer each, or one each on the first kQAct threads (whole
+  // warps) when the block has more threads than pieces (the pool's blocks; -DQSDPA_MMA_Q_VEC=3).
+  constexpr int kQPieces = kRT * D / 8, kQPerV = kQPieces >= W * 32 ? kQPieces / (W * 32) : 1,
+                kQAct = kQPieces / kQPerV;
+  constexpr bool kQVecFits = S::kDS == 1 && kQPerV * kQAct == kQPieces && kQAct <= W * 32 && kQAct % 32 == 0 &&
+                             kQAct % kRT == 0 && kQAct / kRT <= 32;
+  constexpr bool kQVec = kQVecFits && ((QSDPA_MMA_Q_VEC == 1 && NT == 2) ||
+                                       (QSDPA_MMA_Q_VEC == 2 && kQAct == W * 32) || QSDPA_MMA_Q_VEC >= 3);
   constexpr int kQE = kQVec ? 8 : 1;  // elements per load
-  constexpr int kQPer = (kRT * D / kQE + W * 32 - 1) / (W * 32);
+  constexpr int kQPer = kQVec ? kQPerV : (kRT * D + W * 32 - 1) / (W * 32);
   uint16_t qv[kQPer][kQE];
   const auto load_q = [&]() {
 #pragma unroll
@@ -1165,7 +1177,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
     // A row's D dims over kTPR consecutive lanes, kDPT each (its 16-byte pieces, above): the row's
     // largest magnitude and its groups' sums reduced across those lanes, every row at once.
     constexpr int kDPT = kQPer * kQE, kTPR = D / kDPT;
-    static_assert(kTPR * kRT == W * 32 && kDPT * kTPR == D && kTPR <= 32 && kDPT <= 32 && kDPT % 4 == 0,
+    static_assert(kTPR * kRT == kQAct && kDPT * kTPR == D && kTPR <= 32 && kDPT <= 32 && kDPT % 4 == 0,
                   "a row's dims over consecutive lanes, at most 32 dims (a group at least) each");
     const int lr = tid / kTPR, d0 = (tid - lr * kTPR) * kDPT;
     float f[kDPT];
@@ -1180,7 +1192,9 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
       rpos[tid] = tid < nrows && i < lq ? n - lq + i : -1;
       rmrow[tid] = tid < nrows ? m_off(tid) : 0;
     }
-    // (a padding row is zeros: amax 0, no prescale, sums 0, the plain logit factor)
+    // (a padding row is zeros: amax 0, no prescale, sums 0, the plain logit factor; threads past
+    // kQAct hold no piece: whole warps, out of the shuffles)
+    if (kQAct == W * 32 || tid < kQAct) {
     float amax = 0.0f;
 #pragma unroll
     for (int j = 0; j < kDPT; ++j) amax = fmaxf(amax, fabsf(f[j]));
@@ -1210,6 +1224,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
       qo[lr * kNGMax + (d0 >> (5 + lbpg))] = s2;
     }
     if (d0 == 0) rowc[lr] = a.scale * kLog2e * ldexpf(1.0f, -e) / F::kKappa;
+    }
     __syncthreads();
   } else {
 #pragma unroll
@@ -1743,7 +1758,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   // store's d, so that a store's address is one of a few per-lane bases plus an immediate.
   // (Not in the two-n-tile kernels: with it, their register allocation in the token loop changed
   // and Lq=4 4-bit took 120.3 us against 117.0, H200 run 59.)
-  constexpr int kOswMask = !kOSwizzle || NT == 2 ? 0 : VBITS == 4 ? 3 : VBITS == 8 ? 0x11 : 7;
+  constexpr int kOswMask = !kOSwizzle || (NT == 2 && QSDPA_MMA_OSWIZZLE < 2) ? 0 : VBITS == 4 ? 3 : VBITS == 8 ? 0x11 : 7;
   const auto osw_flip = [](int lr, int d) {  // (the bits flipped in d: kOswMask's at most)
     const int c2 = (lr >> 1) & 3;
     (void)d;

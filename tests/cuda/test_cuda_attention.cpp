@@ -667,23 +667,32 @@ TEST(CudaAttention, TwoNTileInKernelMerge) {
     }
 }
 
-// The query rows at any alignment. The two-n-tile kernels read them in 16-byte pieces where a
-// piece's address is 16-byte aligned and element by element where it is not (mma_kernel.cuh,
-// kQVec; -DQSDPA_MMA_Q_VEC=2 takes that into the 4-warp one-n-tile kernels too): q 2 bytes past a
-// 16-byte boundary (every piece misaligned), and q rows D + 4 elements apart (consecutive rows
-// alternately aligned and not); 16 rows and 12 (a padding part of the row tile) at D = 128, 16 at
-// D = 64, and one n-tile (8 rows at D = 128, 4 at D = 256); f16 and bf16; each on the tensor
-// cores, held to the reference.
+// The query rows at any alignment. The kernels read them in 16-byte pieces where a piece's address
+// is 16-byte aligned and element by element where it is not (mma_kernel.cuh, kQVec: the two-n-tile
+// kernels and the 4-warp one-n-tile kernels; -DQSDPA_MMA_Q_VEC=3 takes it into the tile pool's
+// blocks too): q 2 bytes past a 16-byte boundary (every piece misaligned), and q rows D + 4
+// elements apart (consecutive rows alternately aligned and not); 16 rows and 12 (a padding part of
+// the row tile) at D = 128, 16 at D = 64, one n-tile (8 rows at D = 128, 4 at D = 256), and the
+// tile pool's blocks of 16 and of 8 warps (forced); f16 and bf16; each on the tensor cores, held to
+// the reference.
 TEST(CudaAttention, QueryRowsAtAnyAlignment) {
   QSDPA_REQUIRE_CUDA();
   struct Shape {
     int64_t D, Lq;
+    int pool;  // cuda::set_block_pool's mode: 1 the planner's choice, 2 / 3 blocks of 16 / 8 warps
     int group;
   };
+  struct Restore {
+    int mode = cuda::set_block_pool(1);
+    ~Restore() { cuda::set_block_pool(mode); }
+  } restore;
   uint64_t seed = 7100;
   for (DType t : {DType::f16, DType::bf16})
-    for (Shape sh : {Shape{128, 4, 64}, Shape{128, 3, 64}, Shape{64, 4, 32}, Shape{128, 2, 64}, Shape{256, 1, 64}})
+    for (Shape sh : {Shape{128, 4, 1, 64}, Shape{128, 3, 1, 64}, Shape{64, 4, 1, 32}, Shape{128, 2, 1, 64},
+                     Shape{256, 1, 1, 64}, Shape{128, 1, 2, 64}, Shape{128, 2, 3, 64}})
       for (int how = 0; how < 2; ++how) {
+        if (sh.pool > 1 && !device_takes_sm90a_kernels()) continue;  // (the pool's kernels are sm_90a's)
+        cuda::set_block_pool(sh.pool);
         Case c;
         c.dtype = t, c.kf = c.vf = {4, sh.group}, c.D = sh.D;
         c.B = 2, c.Hq = 8, c.Hkv = 2, c.Lq = sh.Lq, c.N = 700, c.sinks = true, c.seed = seed++;
@@ -702,6 +711,9 @@ TEST(CudaAttention, QueryRowsAtAnyAlignment) {
         p.q = q;
         p.q_strides = {c.Hq * c.Lq * ls, c.Lq * ls, ls};
         EXPECT_TRUE(cuda::uses_tensor_cores(p)) << c.str();
+        if (sh.pool > 1) {
+          EXPECT_EQ(cuda::planned_pool(p), sh.pool - 1) << c.str();
+        }
         const Status s = attention(p);
         ASSERT_TRUE(s.ok()) << s.message;
         CUDA_ASSERT(cudaMemcpy(h.out.data(), p.out, h.out.size(), cudaMemcpyDeviceToHost));
