@@ -153,9 +153,17 @@ __host__ __device__ constexpr int f16_pow2_exp(uint32_t bits) { return int((bits
 // 2026-12-02; a tuning knob). 2: the two-n-tile kernels too (their rows' o took 1.3 us (median;
 // p90 2.4) from the loop's end to be in shared memory at Lq=4 4-bit, H200 trace, run 75).
 #ifndef QSDPA_MMA_OSWIZZLE
-#define QSDPA_MMA_OSWIZZLE 1
+#define QSDPA_MMA_OSWIZZLE 2
 #endif
 constexpr bool kOSwizzle = QSDPA_MMA_OSWIZZLE != 0;
+// The warps' merged o read from shared memory and stored (partials, output, or the cluster's
+// state) four head dims per thread, in 16-byte loads and stores (0: one dim per thread, the form
+// before 2026-12-03). The H200 traces of run 75-76 had 1.8-1.9 us from the per-row step to the
+// stores issued at Lq=4 and D=256 (16 dims per thread), 0.7 us at B=8 N=32768 8-bit (8).
+#ifndef QSDPA_MMA_EPI_VEC
+#define QSDPA_MMA_EPI_VEC 1
+#endif
+constexpr bool kEpiVec = QSDPA_MMA_EPI_VEC != 0;
 // A grid of one split that merges in the kernel (a.counters, gridDim.y == 1, no cluster): the
 // block's merged state is the output, written from the epilogue (divided by the row's l, with its
 // sink) instead of stored as a partial that the same block then reads back behind an atomic
@@ -365,8 +373,8 @@ constexpr bool kClusterCode = true;
 // whose rows' pieces fall evenly on all its threads, a row on at most 32 lanes (the 4-warp blocks of
 // one n-tile at D = 128 and 256 too; not the pool's blocks of 16 warps nor the d-split). Run 75 (2
 // rounds against 1): D=256 4-bit 37.2 -> 34.1 us, 8-bit 51.8 -> 46.5, 2-bit 76.9 -> 75.8, B=1
-// N=4096 4-bit 12.4 -> 11.6, 8-bit 13.2 -> 12.6; the other shapes within 0.5 us. 3: also the
-// blocks with more threads than pieces (the pool's), one piece per thread on the first warps.
+// N=4096 4-bit 12.4 -> 11.6, 8-bit 13.2 -> 12.6; the other shapes within 0.5 us. In the pool's
+// blocks too (one piece per thread on their first 4 warps; run 76, 2 rounds): 1.4-3.3 us slower.
 #ifndef QSDPA_MMA_Q_VEC
 #define QSDPA_MMA_Q_VEC 2
 #endif
@@ -1115,16 +1123,10 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   // kQVec (the two-n-tile kernels): 16-byte pieces of 8 elements, one row offset per piece (a
   // piece whose address is not 16-byte aligned is read element by element), instead of one
   // element and one row offset (a division by Lq, 64-bit products) per load.
-  // The pieces over the block's threads: kQPer each, or one each on the first kQAct threads (whole
-  // warps) when the block has more threads than pieces (the pool's blocks; -DQSDPA_MMA_Q_VEC=3).
-  constexpr int kQPieces = kRT * D / 8, kQPerV = kQPieces >= W * 32 ? kQPieces / (W * 32) : 1,
-                kQAct = kQPieces / kQPerV;
-  constexpr bool kQVecFits = S::kDS == 1 && kQPerV * kQAct == kQPieces && kQAct <= W * 32 && kQAct % 32 == 0 &&
-                             kQAct % kRT == 0 && kQAct / kRT <= 32;
-  constexpr bool kQVec = kQVecFits && ((QSDPA_MMA_Q_VEC == 1 && NT == 2) ||
-                                       (QSDPA_MMA_Q_VEC == 2 && kQAct == W * 32) || QSDPA_MMA_Q_VEC >= 3);
+  constexpr bool kQVecFits = S::kDS == 1 && (kRT * D / 8) % (W * 32) == 0 && (W * 32) % kRT == 0 && W * 32 / kRT <= 32;
+  constexpr bool kQVec = kQVecFits && ((QSDPA_MMA_Q_VEC == 1 && NT == 2) || QSDPA_MMA_Q_VEC == 2);
   constexpr int kQE = kQVec ? 8 : 1;  // elements per load
-  constexpr int kQPer = kQVec ? kQPerV : (kRT * D + W * 32 - 1) / (W * 32);
+  constexpr int kQPer = (kRT * D / kQE + W * 32 - 1) / (W * 32);
   uint16_t qv[kQPer][kQE];
   const auto load_q = [&]() {
 #pragma unroll
@@ -1177,7 +1179,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
     // A row's D dims over kTPR consecutive lanes, kDPT each (its 16-byte pieces, above): the row's
     // largest magnitude and its groups' sums reduced across those lanes, every row at once.
     constexpr int kDPT = kQPer * kQE, kTPR = D / kDPT;
-    static_assert(kTPR * kRT == kQAct && kDPT * kTPR == D && kTPR <= 32 && kDPT <= 32 && kDPT % 4 == 0,
+    static_assert(kTPR * kRT == W * 32 && kDPT * kTPR == D && kTPR <= 32 && kDPT <= 32 && kDPT % 4 == 0,
                   "a row's dims over consecutive lanes, at most 32 dims (a group at least) each");
     const int lr = tid / kTPR, d0 = (tid - lr * kTPR) * kDPT;
     float f[kDPT];
@@ -1192,9 +1194,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
       rpos[tid] = tid < nrows && i < lq ? n - lq + i : -1;
       rmrow[tid] = tid < nrows ? m_off(tid) : 0;
     }
-    // (a padding row is zeros: amax 0, no prescale, sums 0, the plain logit factor; threads past
-    // kQAct hold no piece: whole warps, out of the shuffles)
-    if (kQAct == W * 32 || tid < kQAct) {
+    // (a padding row is zeros: amax 0, no prescale, sums 0, the plain logit factor)
     float amax = 0.0f;
 #pragma unroll
     for (int j = 0; j < kDPT; ++j) amax = fmaxf(amax, fabsf(f[j]));
@@ -1224,7 +1224,6 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
       qo[lr * kNGMax + (d0 >> (5 + lbpg))] = s2;
     }
     if (d0 == 0) rowc[lr] = a.scale * kLog2e * ldexpf(1.0f, -e) / F::kKappa;
-    }
     __syncthreads();
   } else {
 #pragma unroll
@@ -1815,6 +1814,54 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   }
   __syncthreads();
   trace_step(a, kTraceRowStep);
+  if constexpr (kEpiVec) {
+    // Four consecutive head dims per thread: one 16-byte load per warp's o (the swizzle keeps an
+    // aligned four together, permuted by the low bits of the row's flip), one 16-byte store.
+    static_assert(D % 4 == 0 && ((kTG + S::kLW) * kRT) % 4 == 0 && S::kMain % 16 == 0, "16-byte aligned o rows");
+    for (int idx = tid; idx < nrows * (D / 4); idx += W * 32) {
+      const int lr = idx / (D / 4), d = (idx - lr * (D / 4)) * 4;
+      const int f = kOswMask ? osw_flip(lr, d) & kOswMask : 0, ds = d ^ (f & ~3), sw = f & 3;
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int w = 0; w < kTG; ++w) {
+        const float wt = mw[w * kRT + lr];
+        const float4 u = *reinterpret_cast<const float4*>(ow + (w * kRT + lr) * D + ds);
+        v.x = fmaf(wt, u.x, v.x), v.y = fmaf(wt, u.y, v.y), v.z = fmaf(wt, u.z, v.z), v.w = fmaf(wt, u.w, v.w);
+      }
+      // element j of the four is v[j ^ sw]
+      float4 acc = v;
+      if (sw & 1) acc = make_float4(acc.y, acc.x, acc.w, acc.z);
+      if (sw & 2) acc = make_float4(acc.z, acc.w, acc.x, acc.y);
+      const float l = lw[lr], mx = lw[kRT + lr];
+      if (kCl) {  // this split's state, for cluster_combine (the query rows' space is free now)
+        *reinterpret_cast<float4*>(qf + lr * D + d) = acc;
+        if (d == 0) qc[lr] = mx, qc[kRT + lr] = l;
+        continue;
+      }
+      if (direct) {  // as below, four at a time
+        int i;
+        const int64_t h = kvh * rep + row_head(r0 + lr, Lq, i);
+        float wgt = 0.0f;
+        if (mx != -INFINITY) {
+          float den = l, f2 = 1.0f;
+          if (a.sinks) {
+            const float sk = a.sinks[h] * kLog2e, mm = fmaxf(mx, sk);
+            f2 = ex2(mx - mm);
+            den = fmaf(l, f2, ex2(sk - mm));
+          }
+          wgt = f2 / den;
+        }
+        store4_t(a.out, a.dtype, a.omap.at(b, h, i) + d, make_float4(acc.x * wgt, acc.y * wgt, acc.z * wgt, acc.w * wgt));
+        continue;
+      }
+      const int64_t prow = kCompact ? rpos[lr] : int64_t(split) * rows_total + qrow_of(lr);
+      *reinterpret_cast<float4*>(a.part_o + prow * D + d) = acc;
+      if (d == 0) {
+        a.part_m[prow] = mx == -INFINITY ? -INFINITY : mx * kLn2;
+        a.part_l[prow] = l;
+      }
+    }
+  } else
   for (int idx = tid; idx < nrows * D; idx += W * 32) {
     const int lr = idx / D, d = idx - lr * D, ds = osw(lr, d);
     float acc = 0.0f;

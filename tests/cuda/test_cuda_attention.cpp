@@ -669,8 +669,8 @@ TEST(CudaAttention, TwoNTileInKernelMerge) {
 
 // The query rows at any alignment. The kernels read them in 16-byte pieces where a piece's address
 // is 16-byte aligned and element by element where it is not (mma_kernel.cuh, kQVec: the two-n-tile
-// kernels and the 4-warp one-n-tile kernels; -DQSDPA_MMA_Q_VEC=3 takes it into the tile pool's
-// blocks too): q 2 bytes past a 16-byte boundary (every piece misaligned), and q rows D + 4
+// kernels and the 4-warp one-n-tile kernels; the tile pool's blocks read element by element):
+// q 2 bytes past a 16-byte boundary (every piece misaligned), and q rows D + 4
 // elements apart (consecutive rows alternately aligned and not); 16 rows and 12 (a padding part of
 // the row tile) at D = 128, 16 at D = 64, one n-tile (8 rows at D = 128, 4 at D = 256), and the
 // tile pool's blocks of 16 and of 8 warps (forced); f16 and bf16; each on the tensor cores, held to
