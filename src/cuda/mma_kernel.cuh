@@ -159,7 +159,10 @@ constexpr bool kOSwizzle = QSDPA_MMA_OSWIZZLE != 0;
 // The warps' merged o read from shared memory and stored (partials, output, or the cluster's
 // state) four head dims per thread, in 16-byte loads and stores (0: one dim per thread, the form
 // before 2026-12-03). The H200 traces of run 75-76 had 1.8-1.9 us from the per-row step to the
-// stores issued at Lq=4 and D=256 (16 dims per thread), 0.7 us at B=8 N=32768 8-bit (8).
+// stores issued at Lq=4 and D=256 (16 dims per thread), 0.7 us at B=8 N=32768 8-bit (8); with
+// this form (run 77) 0.6 and 0.8 us. Per call, 2 rounds against 0 in the same run: D=256 4-bit
+// 34.2 -> 33.2 us, 8-bit 46.7 -> 45.4, D=512 66.7 -> 65.0 / 69.3 -> 68.2, Lq=4 106.4 -> 105.5, 2-bit
+// 75.6 -> 74.9, B=32 N=4096 45.5 -> 45.0, the rest 0-0.4 us faster.
 #ifndef QSDPA_MMA_EPI_VEC
 #define QSDPA_MMA_EPI_VEC 1
 #endif
