@@ -1864,7 +1864,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
         a.part_l[prow] = l;
       }
     }
-  } else
+  } else  // (QSDPA_MMA_EPI_VEC=0: one head dim per thread)
   for (int idx = tid; idx < nrows * D; idx += W * 32) {
     const int lr = idx / D, d = idx - lr * D, ds = osw(lr, d);
     float acc = 0.0f;
