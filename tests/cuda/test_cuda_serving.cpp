@@ -203,6 +203,65 @@ TEST(CudaServingPool, CapacitiesAndLengths) {
   cuda::set_pool_cluster(was_pool_cluster);
 }
 
+// The pool's in-kernel merge spread over the block's threads (mma_kernel.cuh, merge_spread: 2 to
+// 16 threads per four-dim element, each with up to 8 of at most 32 splits): 1, 2, 4 and 8 rows per
+// KV head in blocks of 16 warps, 1 and 4 rows in blocks of 8, each on a grid of 8 or 16 (sequence,
+// KV head) units, so that its splits number 2 to 32 on a device of 100-142 SMs; per-sequence
+// lengths leave splits with no token (weight 0, their o unwritten: another split's o is read in
+// its place), a sequence of one token, and one of none (zeros); sinks on every other case, a mask
+// on some. Each case is checked to take the pool, the in-kernel merge and (on such a device) that
+// many splits, then held to the reference twice in a row (a counter left non-zero would spoil the
+// second call).
+TEST(CudaServingPool, SpreadMerge) {
+  QSDPA_REQUIRE_CUDA();
+  const bool want = device_takes_sm90a_kernels();
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  const bool sized = sms >= 100 && sms <= 142;
+  struct Restore {
+    int mode = cuda::set_block_pool(2);
+    bool cl = cuda::set_cluster_merge(false), in = cuda::set_in_kernel_merge(true);
+    ~Restore() {
+      cuda::set_block_pool(mode);
+      cuda::set_cluster_merge(cl);
+      cuda::set_in_kernel_merge(in);
+    }
+  } restore;
+  const struct {
+    int pool;  // 2: blocks of 16 warps, 3: of 8
+    int64_t rows, B;
+  } shapes[] = {{2, 1, 4}, {2, 2, 4}, {2, 4, 4}, {2, 8, 4}, {3, 1, 8}, {3, 4, 8}};
+  int i = 0;
+  for (const auto& sh : shapes) {
+    cuda::set_block_pool(sh.pool);
+    ServingCase sc;
+    sc.c.dtype = i % 2 ? DType::bf16 : DType::f16, sc.c.kf = sc.c.vf = {4, 64};
+    sc.c.B = sh.B, sc.c.Hkv = 2, sc.c.Hq = 2 * sh.rows, sc.c.Lq = 1, sc.c.N = 20000, sc.c.D = 128;
+    sc.c.sinks = i % 2 == 0, sc.c.seed = 700 + uint64_t(i);
+    if (i == 2) sc.c.bool_mask = MaskKind::u8;
+    if (i == 5) sc.c.float_mask = true, sc.mask_broadcast_h = true;
+    sc.kind = CacheKind::capacity, sc.capacity_extra = 64;
+    const int32_t N = int32_t(sc.c.N);
+    sc.kv_lens = {N, N / 3 + 5, 1, 0};
+    for (int64_t b = 4; b < sh.B; ++b) sc.kv_lens.push_back(int32_t(b % 2 ? N - 999 * b : 3 * b));
+    {
+      ServingProblem sp(sc);
+      Mirror m;
+      const AttentionParams p = sp.params(Backend::cuda, m.map());
+      ASSERT_TRUE(cuda::uses_tensor_cores(p)) << sc.str();
+      EXPECT_EQ(cuda::planned_pool(p), want ? sh.pool - 1 : 0) << sc.str();
+      EXPECT_TRUE(cuda::uses_in_kernel_merge(p)) << sc.str();
+      const int splits = cuda::planned_splits(p);
+      if (want && sized) {
+        EXPECT_GE(splits, 2) << sc.str();
+        EXPECT_LE(splits, 32) << sc.str();
+      }
+    }
+    for (int call = 0; call < 2; ++call) EXPECT_EQ(run_cuda(sc, true), "") << "call " << call << ": " << sc.str();
+    ++i;
+  }
+}
+
 // D = 512 on contiguous caches with capacities past N, per-sequence lengths, strided q and out and
 // broadcast masks, every format: the tensor-core kernel (d-split) on devices of compute capability
 // 9.0 with a build for sm_90a, the generic kernel elsewhere; held to the reference either way.
