@@ -551,8 +551,11 @@ __device__ __forceinline__ bool arrive_last(const AttnArgs& a, float* scratch) {
   return true;
 }
 
-// The in-kernel merge spread over the block's threads (QSDPA_MMA_MERGE_SPREAD, default 1: in the
-// tile pool's blocks of 8 and 16 warps, whose threads outnumber the rows' four-dim elements): P
+// The in-kernel merge spread over the block's threads (-DQSDPA_MMA_MERGE_SPREAD=1: in the tile
+// pool's blocks of 8 and 16 warps, whose threads outnumber the rows' four-dim elements; default 0
+// until it has been timed and tested on a GPU: written on 2026-12-04 in a session without device
+// time; its index arithmetic was checked by an emulation on the host, every (element, split) once
+// and one row per warp, for 8-16 warps, 1-16 rows, D / 4 of 16-128 and 1-40 splits): P
 // threads (a power of two, adjacent lanes) per element, each with at most 8 of the S <= 32 splits,
 // so that every load of o goes out in one round; every warp holds one row (D / 4 a multiple of
 // 32 / P) and finds that row's max, weights and denominator itself, a split per lane, from the
@@ -563,7 +566,7 @@ __device__ __forceinline__ bool arrive_last(const AttnArgs& a, float* scratch) {
 // (16 splits of 4 rows) loaded its o in two rounds of 8 splits on 128 of the 512 threads, after
 // the per-row step and its barrier: 1.4 + 0.7 us of the merge's 3.0 (H200 trace, 2026-12-03, run 76).
 #ifndef QSDPA_MMA_MERGE_SPREAD
-#define QSDPA_MMA_MERGE_SPREAD 1
+#define QSDPA_MMA_MERGE_SPREAD 0
 #endif
 
 template <int W>
