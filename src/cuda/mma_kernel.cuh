@@ -586,11 +586,11 @@ __device__ __forceinline__ bool merge_spread(const AttnArgs& a, int nrows, int r
   // The row's (m, l): split `lane` in lane `lane`.
   const float m_l = lane < S ? __ldcg(a.part_m + int64_t(lane) * rows_total + row) : -INFINITY;
   const float l_l = lane < S ? __ldcg(a.part_l + int64_t(lane) * rows_total + row) : 0.0f;
-  trace_step(a, kTraceMerge1);
   float mx = -INFINITY;  // (a NaN m is never the max, as with fmaxf)
   int arg = 0;
   if (m_l > mx) mx = m_l, arg = lane;
   warp_max_arg(mx, arg);
+  trace_step(a, kTraceMerge1);  // (the m loaded)
   const float m_all = mx;  // -inf: no key visible (zeros, with or without a sink)
   if (m_all != -INFINITY && a.sinks) mx = fmaxf(mx, a.sinks[h]);
   const float w_l = m_l == -INFINITY || m_all == -INFINITY ? 0.0f : expf(m_l - mx);
