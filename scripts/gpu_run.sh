@@ -59,7 +59,9 @@ if [ -n "${QSDPA_GPU_TUNE:-}" ]; then
 fi
 trace_pid=""
 if [ "${QSDPA_GPU_TRACE:-0}" = 1 ]; then  # the block-trace build (-DQSDPA_MMA_TRACE=1), never timed
-  nice -n 15 bash scripts/gpu_tune.sh build "$out" "trace=-DQSDPA_MMA_TRACE=1" >/dev/null 2>&1 &
+  # (with the main build's knobs, QSDPA_GPU_CUDA_FLAGS, so that the traces show the code it times)
+  tflags="-DQSDPA_MMA_TRACE=1 ${QSDPA_GPU_CUDA_FLAGS:-}"
+  nice -n 15 bash scripts/gpu_tune.sh build "$out" "trace=${tflags% }" >/dev/null 2>&1 &
   trace_pid=$!
 fi
 deps_flag=()
