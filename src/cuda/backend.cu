@@ -449,12 +449,14 @@ bool cluster_merge(const AttnArgs& a, const DeviceFacts& f) {
 // row tiles have counters (kInKernelMergeSlots) and the splits fit the kernel's scratch. Measured
 // on an H200 (2026-12-01) the combine kernel cost 3-5 us per call end to end.
 // The merge runs in the last block of each row tile, on the call's critical path: only when it
-// is a few loads per thread (kInKernelMergeMaxLoads 16-byte loads of o, rows x D / 4 / 128 x
+// is a few loads per thread (g_merge_max_loads 16-byte loads of o, rows x D / 4 / 128 x
 // splits). Measured on an H200 (2026-12-01, run 35, against the combine kernel in the same run):
 // B=8 N=32768 4-bit (4 rows, 8 splits: 8 loads) 91.3 -> 89.8 us, 8-bit 147.1 -> 145.1, B=32
 // N=4096 (2 loads) 54.1 -> 53.1; but B=1 N=131072 (64 splits: 64 loads) 54.8 -> 56.6 and D=512
-// (8 rows, 43 splits: 344 loads) 79.5 -> 101.7.
-constexpr int64_t kInKernelMergeMaxLoads = 32;
+// (8 rows, 43 splits: 344 loads) 79.5 -> 101.7. QSDPA_MERGE_LOADS=k in the environment sets the
+// cap to 16 << k (k = 0..5; one build timed several ways, scripts/gpu_tune.sh), and
+// cuda::set_merge_max_loads (a test hook) to any value.
+std::atomic<int64_t> g_merge_max_loads{int64_t(16) << env_digit("QSDPA_MERGE_LOADS", 5, 1)};
 
 bool in_kernel_merge(const AttnArgs& a, bool zeroed) {
 #if QSDPA_HAVE_MMA
@@ -465,7 +467,7 @@ bool in_kernel_merge(const AttnArgs& a, bool zeroed) {
   if (a.B * a.Hkv * tiles > cuda::kInKernelMergeSlots) return false;
   const int64_t rows = tiles == 1 ? R : ((R + tiles - 1) / tiles + 7) / 8 * 8;  // of a tile, at most
   const int64_t loads = (rows * (a.D / 4) + 127) / 128 * a.num_splits;
-  return loads <= kInKernelMergeMaxLoads;
+  return loads <= g_merge_max_loads.load(std::memory_order_relaxed);
 #else
   (void)a, (void)zeroed;
   return false;
@@ -809,6 +811,8 @@ bool qsdpa::cuda::uses_cluster_merge(const AttentionParams& p) { return planned_
 bool qsdpa::cuda::set_in_kernel_merge(bool on) { return detail::g_in_kernel_merge_allowed.exchange(on); }
 
 bool qsdpa::cuda::uses_in_kernel_merge(const AttentionParams& p) { return planned_merge(p) == 2; }
+
+int64_t qsdpa::cuda::set_merge_max_loads(int64_t loads) { return detail::g_merge_max_loads.exchange(loads); }
 
 int qsdpa::cuda::set_block_pool(int mode) { return detail::g_pool_mode.exchange(mode); }
 

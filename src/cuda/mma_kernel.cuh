@@ -506,8 +506,7 @@ __device__ __forceinline__ void cluster_combine(const AttnArgs& a, const float* 
 // only. Measured on an H200 (2026-12-01, run 41, with MERGE_BATCH below, 2 rounds): B=8 N=32768
 // Lq=4 4-bit 120.3 -> 117.5 us, 8-bit 154.5 -> 154.6; everywhere (1), the Lq=1 shapes gained
 // nothing beyond noise and D=256, which merges in the combine kernel, lost 0.7-1.4 us (the merge's
-// code changed its kernels' register allocation). 3: acq_rel in the two-n-tile kernels and in the
-// tile pool's blocks (W >= 8), whose merge (merge_spread) is two rounds of loads after it.
+// code changed its kernels' register allocation).
 #ifndef QSDPA_MMA_FENCE_ACQREL
 #define QSDPA_MMA_FENCE_ACQREL 2
 #endif
@@ -524,12 +523,11 @@ __device__ __forceinline__ void cluster_combine(const AttnArgs& a, const float* 
 // row tile's last split), so its loads go out in few rounds: all (m, l) at once, then all o
 // (the host takes it only when that is a few loads per thread: in_kernel_merge, backend.cu).
 // The arrival (below): whether this block is the row tile's last split to arrive (then it merges).
-template <int RT, int W>
+template <int RT>
 __device__ __forceinline__ bool arrive_last(const AttnArgs& a, float* scratch) {
   const int tid = int(threadIdx.x), S = int(gridDim.y);
   int* last = reinterpret_cast<int*>(scratch);
-  constexpr bool kAcqRel = QSDPA_MMA_FENCE_ACQREL == 1 || (QSDPA_MMA_FENCE_ACQREL >= 2 && RT >= 16) ||
-                           (QSDPA_MMA_FENCE_ACQREL == 3 && W >= 8);
+  constexpr bool kAcqRel = QSDPA_MMA_FENCE_ACQREL == 1 || (QSDPA_MMA_FENCE_ACQREL == 2 && RT >= 16);
   if constexpr (!kAcqRel) __threadfence();  // this thread's partials are visible on the device before the arrival is
   __syncthreads();
   if (tid == 0) {
@@ -551,92 +549,12 @@ __device__ __forceinline__ bool arrive_last(const AttnArgs& a, float* scratch) {
   return true;
 }
 
-// The in-kernel merge spread over the block's threads (-DQSDPA_MMA_MERGE_SPREAD=1: in the tile
-// pool's blocks of 8 and 16 warps, whose threads outnumber the rows' four-dim elements; default 0
-// until it has been timed and tested on a GPU: written on 2026-12-04 in a session without device
-// time; its index arithmetic was checked by an emulation on the host, every (element, split) once
-// and one row per warp, for 8-16 warps, 1-16 rows, D / 4 of 16-128 and 1-40 splits): P
-// threads (a power of two, adjacent lanes) per element, each with at most 8 of the S <= 32 splits,
-// so that every load of o goes out in one round; every warp holds one row (D / 4 a multiple of
-// 32 / P) and finds that row's max, weights and denominator itself, a split per lane, from the
-// (m, l) it loads, so that no per-row step and no second barrier stand between the two rounds of
-// loads. The P partial sums meet in shuffles. The same weights and denominator as merge_if_last
-// below (the same per-lane terms, the same shuffle tree); the sum over splits in another order.
-// Returns false (nothing done) where the shape does not fit it. Before it, B=1 N=131072 4-bit
-// (16 splits of 4 rows) loaded its o in two rounds of 8 splits on 128 of the 512 threads, after
-// the per-row step and its barrier: 1.4 + 0.7 us of the merge's 3.0 (H200 trace, 2026-12-03, run 76).
-#ifndef QSDPA_MMA_MERGE_SPREAD
-#define QSDPA_MMA_MERGE_SPREAD 0
-#endif
-
-template <int W>
-__device__ __forceinline__ bool merge_spread(const AttnArgs& a, int nrows, int r0, int64_t b, int64_t kvh, int rep,
-                                             int Lq) {
-  const int tid = int(threadIdx.x), lane = tid & 31, S = int(gridDim.y), D4 = int(a.D) / 4;
-  const int elems = nrows * D4;
-  int P = 1;
-  while (P < 32 && elems * P * 2 <= W * 32) P *= 2;
-  const int per = (S + P - 1) / P;
-  if (P < 2 || S > 32 || per > 8 || D4 % (32 / P) != 0) return false;
-  const int e = tid / P, part = tid & (P - 1), lr = e / D4;  // (lr: one per warp)
-  if (lr >= nrows) return true;  // (whole warps)
-  const int64_t rows_total = a.B * a.Hq * a.Lq;
-  int i;
-  const int64_t h = kvh * rep + row_head(r0 + lr, Lq, i), row = (b * a.Hq + h) * a.Lq + i;
-  // The row's (m, l): split `lane` in lane `lane`.
-  const float m_l = lane < S ? __ldcg(a.part_m + int64_t(lane) * rows_total + row) : -INFINITY;
-  const float l_l = lane < S ? __ldcg(a.part_l + int64_t(lane) * rows_total + row) : 0.0f;
-  float mx = -INFINITY;  // (a NaN m is never the max, as with fmaxf)
-  int arg = 0;
-  if (m_l > mx) mx = m_l, arg = lane;
-  warp_max_arg(mx, arg);
-  trace_step(a, kTraceMerge1);  // (the m loaded)
-  const float m_all = mx;  // -inf: no key visible (zeros, with or without a sink)
-  if (m_all != -INFINITY && a.sinks) mx = fmaxf(mx, a.sinks[h]);
-  const float w_l = m_l == -INFINITY || m_all == -INFINITY ? 0.0f : expf(m_l - mx);
-  float denom = fmaf(w_l, l_l, 0.0f);
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) denom += __shfl_xor_sync(0xffffffffu, denom, off);
-  if (m_all != -INFINITY && a.sinks) denom += expf(a.sinks[h] - mx);
-  const float inv = m_all == -INFINITY ? 0.0f : 1.0f / denom;
-  trace_step(a, kTraceMerge2);
-  const int d = 4 * (e - lr * D4);
-  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  if (inv != 0.0f) {  // (the warp's row: uniform)
-    const float* po = a.part_o + row * a.D + d;
-    float4 o[8];
-    float w[8];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {  // split part + k P (weight 0: split arg's o, maybe unwritten, in its place)
-      const int sp = part + k * P;
-      const float ws = __shfl_sync(0xffffffffu, w_l, sp & 31);
-      w[k] = k < per && sp < S ? ws : 0.0f;
-      o[k] = k < per && sp < S ? __ldcg(reinterpret_cast<const float4*>(po + int64_t(w[k] != 0.0f ? sp : arg) * rows_total * a.D))
-                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      acc.x = fmaf(w[k], o[k].x, acc.x), acc.y = fmaf(w[k], o[k].y, acc.y);
-      acc.z = fmaf(w[k], o[k].z, acc.z), acc.w = fmaf(w[k], o[k].w, acc.w);
-    }
-    for (int off = P / 2; off > 0; off >>= 1) {
-      acc.x += __shfl_xor_sync(0xffffffffu, acc.x, off), acc.y += __shfl_xor_sync(0xffffffffu, acc.y, off);
-      acc.z += __shfl_xor_sync(0xffffffffu, acc.z, off), acc.w += __shfl_xor_sync(0xffffffffu, acc.w, off);
-    }
-    acc.x *= inv, acc.y *= inv, acc.z *= inv, acc.w *= inv;
-  }
-  if (part == 0) store4_t(a.out, a.dtype, a.omap.at(b, h, i) + d, acc);
-  return true;
-}
-
 template <int RT, int W = kWarps>
 __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch, int nrows, int r0, int64_t b,
                                               int64_t kvh, int rep, int Lq) {
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, S = int(gridDim.y), D = int(a.D);
-  if (!arrive_last<RT, W>(a, scratch)) return;
+  if (!arrive_last<RT>(a, scratch)) return;
   const int64_t rows_total = a.B * a.Hq * a.Lq;
-  if constexpr (QSDPA_MMA_MERGE_SPREAD != 0 && W >= 8)
-    if (merge_spread<W>(a, nrows, r0, b, kvh, rep, Lq)) return;
   float* wm = scratch + 4;                        // [RT][S] m, then the weights
   float* wl = wm + RT * S;                        // [RT][S] l
   float* rinv = wl + RT * S;                      // [RT] 1 / denominator, 0: no key visible
@@ -815,7 +733,7 @@ __device__ __forceinline__ void store4_out(void* out, int64_t i, float4 v) {
 template <class T, int D, int RT, int W>
 __device__ __forceinline__ void merge_if_last_compact(const AttnArgs& a, float* scratch, int nrows, int r0, int64_t b,
                                                       int64_t kvh, int rep, int Lq) {
-  if (!arrive_last<RT, W>(a, scratch)) return;
+  if (!arrive_last<RT>(a, scratch)) return;
   const int tid = int(threadIdx.x), S = int(gridDim.y);
   const int64_t rows_total = a.B * a.Hq * a.Lq;
   int64_t* prow = reinterpret_cast<int64_t*>(scratch + 4);  // [RT]

@@ -28,6 +28,10 @@ bool uses_cluster_merge(const AttentionParams& p);
 // whole process; returns the previous setting. Whether attention(p) would take it now.
 bool set_in_kernel_merge(bool on);
 bool uses_in_kernel_merge(const AttentionParams& p);
+// The most 16-byte loads of partial outputs per thread for which a plan merges in the kernel
+// rather than in the combine kernel (the default 32, or 16 << QSDPA_MERGE_LOADS), for the whole
+// process; returns the previous value.
+int64_t set_merge_max_loads(int64_t loads);
 // The tensor-core kernel's tile pool (AttnArgs::pool: blocks of 16 warps, or of 8, taking tiles
 // from a counter in shared memory): 0 never, 1 (the default) on problems large enough, 2 wherever
 // its instantiations fit (contiguous caches, 4-bit g64 keys and values, D = 128, at most 8 query

@@ -667,6 +667,60 @@ TEST(CudaAttention, TwoNTileInKernelMerge) {
     }
 }
 
+// Wide rows (D = 256 and 512, 8 query rows per row tile) merging many splits in the tensor-core
+// kernel: at D = 256 each split adds 4 loads of o per thread of the merging block, so that from 9
+// splits on, the default plan (at most 32 loads per thread, in_kernel_merge) leaves them to the
+// combine kernel; the test raises that cap so that they merge in the kernel. 4-bit and 8-bit, f16
+// and bf16, sinks, every other row fully masked (zeros); each case is checked to take that plan
+// (on a device of 100 SMs or more, with more than 8 splits), held to the reference twice in a row
+// (a counter left non-zero would spoil the second call), then with the combine kernel.
+TEST(CudaAttention, WideRowsManySplitsInKernelMerge) {
+  QSDPA_REQUIRE_CUDA();
+  const bool want = device_takes_sm90a_kernels();  // (D = 512 on the tensor cores)
+  int sms = 0;
+  CUDA_ASSERT(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  struct Restore {  // (also when an assertion ends the test early)
+    bool cl = cuda::set_cluster_merge(false);
+    int64_t loads = cuda::set_merge_max_loads(int64_t(1) << 20);
+    ~Restore() {
+      cuda::set_cluster_merge(cl);
+      cuda::set_merge_max_loads(loads);
+    }
+  } restore;
+  uint64_t seed = 9900;
+  for (int D : {256, 512})
+    for (DType t : {DType::f16, DType::bf16})
+      for (int bits : {4, 8}) {
+        Case k;
+        k.dtype = t, k.kf = k.vf = {bits, 64}, k.B = 2, k.Hq = 16, k.Hkv = D == 256 ? 2 : 1, k.Lq = 1;
+        k.N = 8192 + 77, k.D = D, k.sinks = true, k.bool_mask = MaskKind::u8, k.seed = seed++;
+        test::Problem h(k);
+        for (int64_t row = 0; row < k.B * k.Hq * k.Lq; row += 2)  // (no key visible: zeros)
+          std::fill_n(h.bool_mask.begin() + row * k.N, k.N, uint8_t(0));
+        {
+          test::DeviceProblem d(h);
+          const bool tc = cuda::uses_tensor_cores(d.params());
+          EXPECT_EQ(tc, D == 256 || want) << k.str();
+          if (!tc) continue;
+          EXPECT_TRUE(cuda::uses_in_kernel_merge(d.params())) << k.str();
+          if (sms >= 100) {
+            EXPECT_GT(cuda::planned_splits(d.params()), 8) << k.str();
+          }
+        }
+        for (int call = 0; call < 3; ++call) {
+          const bool in_kernel = call < 2;
+          const bool was = cuda::set_in_kernel_merge(in_kernel);
+          const std::string r = run_problem(h, false);
+          cuda::set_in_kernel_merge(was);
+          EXPECT_EQ(r, "") << (in_kernel ? "in the kernel, call " : "combine kernel, call ") << call << ": "
+                           << k.str();
+          const size_t row_bytes = size_t(k.D) * test::tsize(k.dtype);
+          for (int64_t row = 0; row < k.B * k.Hq * k.Lq; row += 2)
+            for (size_t i = 0; i < row_bytes; ++i) ASSERT_EQ(h.out[size_t(row) * row_bytes + i], 0) << "row " << row;
+        }
+      }
+}
+
 // The query rows at any alignment. The kernels read them in 16-byte pieces where a piece's address
 // is 16-byte aligned and element by element where it is not (mma_kernel.cuh, kQVec: the two-n-tile
 // kernels and the 4-warp one-n-tile kernels; the tile pool's blocks read element by element):

@@ -203,18 +203,15 @@ TEST(CudaServingPool, CapacitiesAndLengths) {
   cuda::set_pool_cluster(was_pool_cluster);
 }
 
-// The pool's in-kernel merge, shaped for its form spread over the block's threads (mma_kernel.cuh,
-// merge_spread, built with -DQSDPA_MMA_MERGE_SPREAD=1: 2 to 16 threads per four-dim element, each
-// with up to 8 of at most 32 splits; the default build holds the merge_if_last path to the same
-// cases): 1, 2, 4 and 8 rows per KV head in blocks of 16 warps, 1 and 4 rows in blocks of 8, each
-// on a grid of 8 or 16 (sequence, KV head) units, so that its splits number 2 to 32 on a device of
-// 100-142 SMs; per-sequence
-// lengths leave splits with no token (weight 0, their o unwritten: another split's o is read in
-// its place), a sequence of one token, and one of none (zeros); sinks on every other case, a mask
-// on some. Each case is checked to take the pool, the in-kernel merge and (on such a device) that
-// many splits, then held to the reference twice in a row (a counter left non-zero would spoil the
-// second call).
-TEST(CudaServingPool, SpreadMerge) {
+// The pool's in-kernel merge (merge_if_last in the tile pool's blocks, one block of each row tile
+// summing its splits' partials): 1, 2, 4 and 8 rows per KV head in blocks of 16 warps, 1 and 4
+// rows in blocks of 8, each on a grid of 8 or 16 (sequence, KV head) units, so that its splits
+// number 2 to 32 on a device of 100-142 SMs; per-sequence lengths leave splits with no token
+// (weight 0, their o unwritten: another split's o is read in its place), a sequence of one token,
+// and one of none (zeros); sinks on every other case, a mask on some. Each case is checked to take
+// the pool, the in-kernel merge and (on such a device) that many splits, then held to the
+// reference twice in a row (a counter left non-zero would spoil the second call).
+TEST(CudaServingPool, ManySplitsInKernelMerge) {
   QSDPA_REQUIRE_CUDA();
   const bool want = device_takes_sm90a_kernels();
   int sms = 0;
