@@ -110,7 +110,10 @@ for m in "${mutants[@]}"; do
 done
 restore
 trap - EXIT
-# (the build folder is left with the restored source newer than the objects: the next build
-# recompiles what the mutants touched)
+# The objects built from mutated source go: the restored source is newer than them here, but the
+# device machine's next copy of the tree may carry the files with older times, and a build then
+# took the mutant's objects as up to date (2026-12-04, run 80: its suite ran on the last mutant's
+# merge). The next build recompiles the library.
+find "$build/src" -name '*.o' -delete
 say "restored; total $(($(date +%s) - start)) s"
 rm -f "$out"/orig.*
