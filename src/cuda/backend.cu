@@ -453,7 +453,10 @@ bool cluster_merge(const AttnArgs& a, const DeviceFacts& f) {
 // splits). Measured on an H200 (2026-12-01, run 35, against the combine kernel in the same run):
 // B=8 N=32768 4-bit (4 rows, 8 splits: 8 loads) 91.3 -> 89.8 us, 8-bit 147.1 -> 145.1, B=32
 // N=4096 (2 loads) 54.1 -> 53.1; but B=1 N=131072 (64 splits: 64 loads) 54.8 -> 56.6 and D=512
-// (8 rows, 43 splits: 344 loads) 79.5 -> 101.7. QSDPA_MERGE_LOADS=k in the environment sets the
+// (8 rows, 43 splits: 344 loads) 79.5 -> 101.7. Again with the merge of 2026-12-03 (run 79, one
+// build, the cap from the environment): D=256 4-bit (8 rows, 32 splits: 128 loads) 33.1 -> 38.6
+// us at a cap of 128, 8-bit (16 splits: 64 loads) 45.3 -> 48.4 at 64, D=512 (256 loads) +27 / +30
+// us at 256; every other shape unchanged. QSDPA_MERGE_LOADS=k in the environment sets the
 // cap to 16 << k (k = 0..5; one build timed several ways, scripts/gpu_tune.sh), and
 // cuda::set_merge_max_loads (a test hook) to any value.
 std::atomic<int64_t> g_merge_max_loads{int64_t(16) << env_digit("QSDPA_MERGE_LOADS", 5, 1)};
