@@ -66,7 +66,16 @@ mutants=(
 only=" ${QSDPA_MUTANTS:-} "
 
 restore() { for f in src/cuda/mma_kernel.cuh src/cuda/backend.cu; do [ -f "$out/orig.$(basename $f)" ] && cp "$out/orig.$(basename $f)" "$f"; done; }
-trap restore EXIT
+# On every way out: the source restored, and the objects built from mutated source deleted. The
+# restored source is newer than them here, but the device machine's next copy of the tree may
+# carry the files with older times, and a build then took the mutant's objects as up to date
+# (2026-12-04, run 80: its suite ran on the last mutant's merge). The next build recompiles the
+# library.
+finish() {
+  restore
+  find "$build/src" -name '*.o' -delete
+}
+trap finish EXIT
 cp src/cuda/mma_kernel.cuh "$out/orig.mma_kernel.cuh"
 cp src/cuda/backend.cu "$out/orig.backend.cu"
 
@@ -108,12 +117,7 @@ for m in "${mutants[@]}"; do
   say "mutant $name ($what): $verdict: $failed tests failed, $passed passed ($(($(date +%s) - t0)) s, build and tests)"
   say "  failed:$names"
 done
-restore
+finish
 trap - EXIT
-# The objects built from mutated source go: the restored source is newer than them here, but the
-# device machine's next copy of the tree may carry the files with older times, and a build then
-# took the mutant's objects as up to date (2026-12-04, run 80: its suite ran on the last mutant's
-# merge). The next build recompiles the library.
-find "$build/src" -name '*.o' -delete
 say "restored; total $(($(date +%s) - start)) s"
 rm -f "$out"/orig.*

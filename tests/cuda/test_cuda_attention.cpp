@@ -493,6 +493,24 @@ std::string run_problem(test::Problem& h, bool expect_zeros) {
   return "";
 }
 
+// Masks query rows 0, 2, 4 ... of h fully (h.c.bool_mask must be u8): no key visible, so the SPEC
+// wants zeros there, with or without a sink.
+void mask_every_other_row(test::Problem& h) {
+  const Case& c = h.c;
+  for (int64_t row = 0; row < c.B * c.Hq * c.Lq; row += 2)
+    std::fill_n(h.bool_mask.begin() + row * c.N, c.N, uint8_t(0));
+}
+
+// "" when rows 0, 2, 4 ... of out (h's layout) are exactly zero, else the first row that is not.
+std::string every_other_row_zero(const test::Problem& h, const std::vector<uint8_t>& out) {
+  const Case& c = h.c;
+  const size_t row_bytes = size_t(c.D) * test::tsize(c.dtype);
+  for (int64_t row = 0; row < c.B * c.Hq * c.Lq; row += 2)
+    for (size_t i = 0; i < row_bytes; ++i)
+      if (out[size_t(row) * row_bytes + i] != 0) return "row " + std::to_string(row) + " is not zero";
+  return "";
+}
+
 Case base_case(DType t) {
   Case c;
   c.dtype = t;
@@ -551,12 +569,9 @@ TEST(CudaAttention, FullyMaskedRowsWithSink) {
     Case c = base_case(t);
     c.sinks = true, c.bool_mask = MaskKind::u8;
     test::Problem h(c);
-    for (int64_t row = 0; row < c.B * c.Hq * c.Lq; row += 2)  // every other row sees nothing
-      std::fill_n(h.bool_mask.begin() + row * c.N, c.N, uint8_t(0));
+    mask_every_other_row(h);  // (every other row sees nothing)
     EXPECT_EQ(run_problem(h, false), "") << c.str();
-    const size_t row_bytes = size_t(c.D) * test::tsize(t);
-    for (int64_t row = 0; row < c.B * c.Hq * c.Lq; row += 2)
-      for (size_t i = 0; i < row_bytes; ++i) ASSERT_EQ(h.out[size_t(row) * row_bytes + i], 0) << "row " << row;
+    ASSERT_EQ(every_other_row_zero(h, h.out), "") << c.str();
   }
 }
 
@@ -584,9 +599,7 @@ TEST(CudaAttention, OneSplitWritesTheOutput) {
   for (const Case& k : cases) {
     test::Problem h(k);
     const bool masked_rows = k.bool_mask != MaskKind::none;
-    if (masked_rows)
-      for (int64_t row = 0; row < k.B * k.Hq * k.Lq; row += 2)  // (no key visible: zeros)
-        std::fill_n(h.bool_mask.begin() + row * k.N, k.N, uint8_t(0));
+    if (masked_rows) mask_every_other_row(h);
     {
       test::DeviceProblem d(h);
       ASSERT_TRUE(cuda::uses_tensor_cores(d.params())) << k.str();
@@ -598,10 +611,9 @@ TEST(CudaAttention, OneSplitWritesTheOutput) {
       const std::string r = run_problem(h, false);
       cuda::set_in_kernel_merge(was);
       EXPECT_EQ(r, "") << (in_kernel ? "in the kernel: " : "combine kernel: ") << k.str();
-      if (!masked_rows) continue;
-      const size_t row_bytes = size_t(k.D) * test::tsize(k.dtype);
-      for (int64_t row = 0; row < k.B * k.Hq * k.Lq; row += 2)
-        for (size_t i = 0; i < row_bytes; ++i) ASSERT_EQ(h.out[size_t(row) * row_bytes + i], 0) << "row " << row;
+      if (masked_rows) {
+        ASSERT_EQ(every_other_row_zero(h, h.out), "") << k.str();
+      }
     }
   }
 }
@@ -637,17 +649,9 @@ TEST(CudaAttention, TwoNTileInKernelMerge) {
       EXPECT_TRUE(found) << "no batch size merges its two-n-tile row tiles in the kernel: " << k.str();
       if (!found) continue;
       test::Problem h(k);
-      for (int64_t row = 0; row < k.B * k.Hq * k.Lq; row += 2)  // (no key visible: zeros)
-        std::fill_n(h.bool_mask.begin() + row * k.N, k.N, uint8_t(0));
-      const size_t row_bytes = size_t(k.D) * test::tsize(k.dtype);
-      const auto zero_rows = [&](const std::vector<uint8_t>& out) {
-        for (int64_t row = 0; row < k.B * k.Hq * k.Lq; row += 2)
-          for (size_t i = 0; i < row_bytes; ++i)
-            if (out[size_t(row) * row_bytes + i] != 0) return "row " + std::to_string(row) + " is not zero";
-        return std::string();
-      };
+      mask_every_other_row(h);  // (no key visible: zeros)
       EXPECT_EQ(run_problem(h, false), "") << k.str();
-      EXPECT_EQ(zero_rows(h.out), "") << k.str();
+      EXPECT_EQ(every_other_row_zero(h, h.out), "") << k.str();
       {  // the output 2 bytes past an 8-byte boundary
         test::DeviceProblem d(h);
         test::DeviceBuffer out(h.out.size() + 16);
@@ -659,7 +663,7 @@ TEST(CudaAttention, TwoNTileInKernelMerge) {
         std::vector<uint8_t> got(h.out.size());
         CUDA_ASSERT(cudaMemcpy(got.data(), p.out, got.size(), cudaMemcpyDeviceToHost));
         EXPECT_EQ(test::check_against_reference(h.params(Backend::reference), got.data()), "") << "misaligned: " << k.str();
-        EXPECT_EQ(zero_rows(got), "") << "misaligned: " << k.str();
+        EXPECT_EQ(every_other_row_zero(h, got), "") << "misaligned: " << k.str();
       }
       const bool was = cuda::set_in_kernel_merge(false);
       EXPECT_EQ(run_problem(h, false), "") << "combine kernel: " << k.str();
@@ -695,8 +699,7 @@ TEST(CudaAttention, WideRowsManySplitsInKernelMerge) {
         k.dtype = t, k.kf = k.vf = {bits, 64}, k.B = 2, k.Hq = 16, k.Hkv = D == 256 ? 2 : 1, k.Lq = 1;
         k.N = 8192 + 77, k.D = D, k.sinks = true, k.bool_mask = MaskKind::u8, k.seed = seed++;
         test::Problem h(k);
-        for (int64_t row = 0; row < k.B * k.Hq * k.Lq; row += 2)  // (no key visible: zeros)
-          std::fill_n(h.bool_mask.begin() + row * k.N, k.N, uint8_t(0));
+        mask_every_other_row(h);  // (no key visible: zeros)
         {
           test::DeviceProblem d(h);
           const bool tc = cuda::uses_tensor_cores(d.params());
@@ -714,9 +717,7 @@ TEST(CudaAttention, WideRowsManySplitsInKernelMerge) {
           cuda::set_in_kernel_merge(was);
           EXPECT_EQ(r, "") << (in_kernel ? "in the kernel, call " : "combine kernel, call ") << call << ": "
                            << k.str();
-          const size_t row_bytes = size_t(k.D) * test::tsize(k.dtype);
-          for (int64_t row = 0; row < k.B * k.Hq * k.Lq; row += 2)
-            for (size_t i = 0; i < row_bytes; ++i) ASSERT_EQ(h.out[size_t(row) * row_bytes + i], 0) << "row " << row;
+          ASSERT_EQ(every_other_row_zero(h, h.out), "") << "call " << call << ": " << k.str();
         }
       }
 }
