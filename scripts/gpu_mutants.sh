@@ -33,6 +33,7 @@ tests_sv='Cases/CudaServingMmaInKernel.*:CudaServingInKernel.*'
 tests_at='CudaAttention.LongCacheManySplits:CudaSanitize.*'
 all_tests="test_cuda_runtime@$tests_rt test_cuda_serving@$tests_sv test_cuda_attention@$tests_at"
 tests_pool='test_cuda_attention@CudaAttention.TilePoolBlocks test_cuda_serving@CudaServingPool.*'
+tests_arr='test_cuda_serving@Cases/CudaServingMmaArrivals.* test_cuda_attention@CudaAttention.WideRowsManySplitsInKernelMerge test_cuda_runtime@CudaRuntime.ChainedCallsWaitForTheirInputs'
 tests_vf='test_cuda_attention@CudaAttention.ValueScalesOfEveryMagnitude:CudaAttention.HeadDim512OnTensorCores'
 
 # name|file|sed expression|what it breaks|tests (program@filter, space-separated)|scope
@@ -57,6 +58,8 @@ mutants=(
   'compact-no-sink|src/cuda/mma_kernel.cuh|s/^    if (m_all != -INFINITY \&\& a.sinks) denom += expf(sink - mx);$//|the compact merge of the two-n-tile kernels leaves the row'"'"'s sink out|test_cuda_attention@CudaAttention.TwoNTileInKernelMerge|g64'
   'compact-one-row|src/cuda/mma_kernel.cuh|s/^    if constexpr (kCompact) rpos\[lr\] = int64_t(split) \* rows_total + qrow_of(lr);/    if constexpr (kCompact) rpos[lr] = int64_t(split) * rows_total + qrow_of(lr \/ 2);/|the compact epilogue stores two rows'"'"' partials in one row|test_cuda_attention@CudaAttention.TwoNTileInKernelMerge|g64'
   'q-unaligned-swap|src/cuda/mma_kernel.cuh|s/e\[j\] = __ldg(src + j);/e[j] = __ldg(src + (j ^ 1));/|the query rows'"'"' element-by-element fallback (a 16-byte piece that is not 16-byte aligned) swaps neighbouring elements|test_cuda_attention@CudaAttention.QueryRowsAtAnyAlignment|g64'
+  'arrivals-no-wait|src/cuda/combine.cu|s/^      if (threadIdx.x == 0) wait_count(a.arrivals + tile, S);$//|with counted arrivals, the combine kernel'"'"'s rows no longer wait for their row tile'"'"'s splits|'"$tests_arr"'|all'
+  'arrivals-no-reset|src/cuda/combine.cu|s/^    if (a.arrivals \&\& threadIdx.x == 0 \&\& atomicAdd(a.arrivals + tile, 1) == S + tile_n - 1) a.arrivals\[tile\] = 0;$//|with counted arrivals, the combine kernel no longer sets the row tiles'"'"' counts back to 0|'"$tests_arr"'|all'
   'epi-no-swap2|src/cuda/mma_kernel.cuh|s/^      if (sw \& 2) acc = .*$//|the epilogue'"'"'s four-dim reads no longer undo bit 1 of the swizzle'"'"'s flip (dims of a row swapped in pairs of two)|test_cuda_attention@CudaAttention.LongCacheManySplits:CudaAttention.OneSplitWritesTheOutput:CudaAttention.TwoNTileInKernelMerge|g64'
   'merge-first-round|src/cuda/mma_kernel.cuh|s/^      for (int s0 = 0; s0 < S; s0 += 8) {$/      for (int s0 = 0; s0 < S \&\& s0 < 8; s0 += 8) {/|the in-kernel merge of the one-n-tile kernels sums only the first 8 of more splits|test_cuda_attention@CudaAttention.WideRowsManySplitsInKernelMerge:CudaAttention.LongCacheManySplits|g64'
   'compact-first-round|src/cuda/mma_kernel.cuh|s/^    for (int s0 = 0; s0 < S; s0 += 8) {$/    for (int s0 = 0; s0 < S \&\& s0 < 8; s0 += 8) {/|the compact in-kernel merge (two-n-tile and D = 512 kernels) sums only the first 8 of more splits|test_cuda_attention@CudaAttention.WideRowsManySplitsInKernelMerge:CudaAttention.TwoNTileInKernelMerge|g64'
@@ -65,7 +68,7 @@ mutants=(
 # QSDPA_MUTANTS='name name': only these (default: all)
 only=" ${QSDPA_MUTANTS:-} "
 
-restore() { for f in src/cuda/mma_kernel.cuh src/cuda/backend.cu; do [ -f "$out/orig.$(basename $f)" ] && cp "$out/orig.$(basename $f)" "$f"; done; }
+restore() { for f in src/cuda/mma_kernel.cuh src/cuda/backend.cu src/cuda/combine.cu; do [ -f "$out/orig.$(basename $f)" ] && cp "$out/orig.$(basename $f)" "$f"; done; }
 # On every way out: the source restored, and the objects built from mutated source deleted. The
 # restored source is newer than them here, but the device machine's next copy of the tree may
 # carry the files with older times, and a build then took the mutant's objects as up to date
@@ -78,6 +81,7 @@ finish() {
 trap finish EXIT
 cp src/cuda/mma_kernel.cuh "$out/orig.mma_kernel.cuh"
 cp src/cuda/backend.cu "$out/orig.backend.cu"
+cp src/cuda/combine.cu "$out/orig.combine.cu"
 
 for m in "${mutants[@]}"; do
   IFS='|' read -r name file expr what tests scope <<<"$m"

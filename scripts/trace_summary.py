@@ -99,6 +99,16 @@ def main():
             tend = [max(b[6] for b in v) for v in tiles.values()]
             nsm = "/".join(str(pct(tsm, q)) for q in (0, 10, 50, 90, 100))
             print(f"  row tiles' splits: end spread {five(tsp)}; SMs per row tile {nsm}; row tiles' end {five(tend)}")
+        # the combine kernel's blocks ([start, wait ended, end, sm], from the same origin): when
+        # they were placed, when their wait ended, and how long after the attention grid's last
+        # block the last of them ended
+        cb = r.get("combine", [])
+        if cb:
+            cs = [c[0] for c in cb]
+            cw = [c[1] for c in cb if c[1] > 0]
+            ce = [c[2] for c in cb]
+            print(f"  combine: {len(cb)} blocks; start {five(cs)} | wait ended {five(cw)} | end {five(ce)}; "
+                  f"last end - attention's last end {(max(ce) - span) / 1000:.1f}")
 
 
 if __name__ == "__main__":

@@ -152,6 +152,8 @@ int64_t mma_row_tiles(const AttnArgs& a) {
   return (rows + per - 1) / per;
 }
 
+int mma_tile_rows(const AttnArgs& a) { return 8 * n_tiles(a); }
+
 int mma_layout_kind(const AttnArgs& a) { return mma_supports(a) ? layout_kind(a) : -1; }
 
 bool mma_pool_fits(const AttnArgs& a) { return mma_supports(a) && pool_fits(a); }

@@ -33,6 +33,8 @@ int mma_token_tile(const AttnArgs& a);
 
 // Blocks per (b * Hkv, split): the query-row tiles of the grid (1 while rep * Lq <= 16, D <= 128).
 int64_t mma_row_tiles(const AttnArgs& a);
+// Query rows of one of those row tiles (8 or 16).
+int mma_tile_rows(const AttnArgs& a);
 
 // Blocks of this kernel that one multiprocessor holds at once for this problem (occupancy). The
 // kernel is sensitive to waves: measured on an H200 (132 SMs, 3 blocks each) for B = 8, Hkv = 8,

@@ -73,6 +73,12 @@ int env_digit(const char* name, int most, int fallback) {
   const char* e = std::getenv(name);
   return e && e[0] >= '0' && e[0] <= char('0' + most) && e[1] == '\0' ? e[0] - '0' : fallback;
 }
+// Whether a tensor-core plan that merges in the combine kernel, launched as a programmatic
+// dependent, counts the attention blocks' arrivals per row tile so that the combine kernel's rows
+// wait for their own row tile rather than for the whole grid (AttnArgs::arrivals; place_partials
+// below). QSDPA_COMBINE_ARRIVALS=0/1 in the environment sets the start, cuda::set_combine_arrivals
+// (a test hook) any time.
+std::atomic<bool> g_combine_arrivals{env_digit("QSDPA_COMBINE_ARRIVALS", 1, 0) == 1};
 // The tensor-core kernel's tile pool (AttnArgs::pool; pool_wanted below): 0 never, 1 (the
 // default) where the problem is large enough, 2 wherever it fits in blocks of 16 warps, 3 the same
 // in blocks of 8 (2 and 3: cuda::set_block_pool, a test hook). QSDPA_BLOCK_POOL=0..3 in the
@@ -107,7 +113,8 @@ Status error(StatusCode c, std::string msg) { return make_status(c, std::move(ms
 // o stored, per-row step, merge step 1, merge step 2] ...]} with the times in ns
 // from the earliest start (0: not recorded). Every other call only, so that each
 // traced call runs behind an untraced one, as calls do back to back.
-constexpr size_t kTraceWords = 4 + cuda::kTraceBlockWords * size_t(cuda::kTraceMaxBlocks);  // (a header, then the blocks)
+// (a header, the attention kernel's blocks, then the combine kernel's)
+constexpr size_t kTraceWords = size_t(cuda::kTraceCombineBase) + 4 * size_t(cuda::kTraceCombineBlocks);
 struct Trace {
   unsigned long long* buf = nullptr;
   long calls = 0;
@@ -151,6 +158,16 @@ void trace_dump(const AttnArgs& a, cudaStream_t s) {
                  (long long)(i / gx), e[3] & 0xffffffffull, e[3] >> 32, e[0] - t0, e[1] - t0, e[2] - t0);
     for (int w = 4; w < cuda::kTraceBlockWords; ++w) std::fprintf(f, ", %llu", e[w] ? e[w] - t0 : 0ull);
     std::fprintf(f, "]");
+    first = false;
+  }
+  // the combine kernel's blocks: [start, wait ended, end, sm] (none when the attention kernel merged)
+  std::fprintf(f, "], \"combine\": [");
+  first = true;
+  for (int64_t i = 0; i < cuda::kTraceCombineBlocks; ++i) {
+    const unsigned long long* e = &h[size_t(cuda::kTraceCombineBase + 4 * i)];
+    if (!e[0] || e[0] < t0) continue;
+    std::fprintf(f, "%s[%llu, %llu, %llu, %llu]", first ? "" : ", ", e[0] - t0, e[1] ? e[1] - t0 : 0ull,
+                 e[2] - t0, e[3]);
     first = false;
   }
   std::fprintf(f, "]}\n");
@@ -477,6 +494,24 @@ bool in_kernel_merge(const AttnArgs& a, bool zeroed) {
 #endif
 }
 
+// Whether a tensor-core plan that merges in the combine kernel counts arrivals for it
+// (g_combine_arrivals, AttnArgs::arrivals): a programmatic launch (else the combine kernel starts
+// after the attention kernel's end anyway), a workspace whose counters are zero, and a counter for
+// every row tile.
+bool combine_arrivals(AttnArgs& a, bool zeroed) {
+#if QSDPA_HAVE_MMA
+  if (!QSDPA_MMA_ARRIVALS || !zeroed || !a.pdl || a.cluster || a.num_splits < 1 ||
+      !g_combine_arrivals.load(std::memory_order_relaxed) ||
+      a.B * a.Hkv * cuda::mma_row_tiles(a) > cuda::kInKernelMergeSlots)
+    return false;
+  a.tile_rows = cuda::mma_tile_rows(a);
+  return true;
+#else
+  (void)a, (void)zeroed;
+  return false;
+#endif
+}
+
 // Which merge a tensor-core plan for p takes: in clusters (sets a.cluster), in the attention
 // kernel (returns true), or else the combine kernel.
 bool pick_merge(AttnArgs& a, const DeviceFacts& f, const AttentionParams& p) {
@@ -487,11 +522,12 @@ bool pick_merge(AttnArgs& a, const DeviceFacts& f, const AttentionParams& p) {
 // Points the counters (with the in-kernel merge) and the partials into the workspace (16-byte
 // aligned; partials_bytes() leaves room): the counters first, at a place that does not depend on
 // the call.
-void place_partials(AttnArgs& a, void* ws, bool in_kernel) {
+void place_partials(AttnArgs& a, void* ws, bool in_kernel, bool arrivals = false) {
   const auto align16 = [](uintptr_t x) { return (x + 15) & ~uintptr_t(15); };
   const size_t n = size_t(a.num_splits) * size_t(a.B * a.Hq * a.Lq);
   const uintptr_t counters = align16(reinterpret_cast<uintptr_t>(ws)), base = counters + cuda::kCounterBytes;
   a.counters = in_kernel ? reinterpret_cast<int*>(counters) : nullptr;
+  a.arrivals = !in_kernel && arrivals ? reinterpret_cast<int*>(counters) : nullptr;
   a.part_m = reinterpret_cast<float*>(base);
   a.part_l = a.part_m + n;
   a.part_o = reinterpret_cast<float*>(align16(reinterpret_cast<uintptr_t>(a.part_l + n)));
@@ -704,7 +740,10 @@ Status run_attention(const AttentionParams& p, bool allow_mma) {
     lock = std::unique_lock<std::mutex>(ws_mutex);
     if (Status s = library_workspace(dev, stream, plan.workspace, &ws); !s) return s;
   }
-  place_partials(a, ws, plan.use_mma && pick_merge(a, f, p));
+  {
+    const bool in_kernel = plan.use_mma && pick_merge(a, f, p);
+    place_partials(a, ws, in_kernel, plan.use_mma && !in_kernel && combine_arrivals(a, !p.workspace || p.workspace_zeroed));
+  }
 
   cudaError_t e = cudaSuccess;
 #if QSDPA_HAVE_MMA
@@ -714,10 +753,12 @@ Status run_attention(const AttentionParams& p, bool allow_mma) {
 #endif
     e = cuda::mma_launch(a, stream);
     if (e != cudaSuccess) return cuda_status(e, "attention (tensor-core kernel) launch");
+    if (a.cluster || a.counters) {  // it wrote out
 #if QSDPA_MMA_TRACE
-    trace_dump(a, stream);
+      trace_dump(a, stream);
 #endif
-    if (a.cluster || a.counters) return make_status(StatusCode::ok, "", Backend::cuda);  // it wrote out
+      return make_status(StatusCode::ok, "", Backend::cuda);
+    }
   }
 #endif
   if (!plan.use_mma) {
@@ -726,6 +767,9 @@ Status run_attention(const AttentionParams& p, bool allow_mma) {
   }
   e = cuda::combine_launch(a, stream);
   if (e != cudaSuccess) return cuda_status(e, "attention (combine kernel) launch");
+#if QSDPA_MMA_TRACE
+  if (plan.use_mma) trace_dump(a, stream);
+#endif
   return make_status(StatusCode::ok, "", Backend::cuda);
 }
 
@@ -813,7 +857,18 @@ bool qsdpa::cuda::uses_cluster_merge(const AttentionParams& p) { return planned_
 
 bool qsdpa::cuda::set_in_kernel_merge(bool on) { return detail::g_in_kernel_merge_allowed.exchange(on); }
 
+bool qsdpa::cuda::set_combine_arrivals(bool on) { return detail::g_combine_arrivals.exchange(on); }
+
 bool qsdpa::cuda::uses_in_kernel_merge(const AttentionParams& p) { return planned_merge(p) == 2; }
+
+bool qsdpa::cuda::uses_combine_arrivals(const AttentionParams& p) {
+  detail::DeviceFacts f;
+  if (p.N == 0 || !detail::current_device_facts(&f)) return false;
+  AttnArgs a = detail::make_args(p);
+  a.pdl = p.pdl && f.cc_major >= 9 ? 1 : 0;
+  if (!detail::make_plan(a, f).use_mma || detail::pick_merge(a, f, p)) return false;
+  return detail::combine_arrivals(a, !p.workspace || p.workspace_zeroed);
+}
 
 int64_t qsdpa::cuda::set_merge_max_loads(int64_t loads) { return detail::g_merge_max_loads.exchange(loads); }
 

@@ -22,6 +22,30 @@ namespace {
 
 constexpr int64_t kMaxBlocks = 1 << 20;
 
+// (a.arrivals) waits until *count reaches `target` (the attention blocks' arrivals, released after
+// their partial stores: an acquire load, a short sleep between reads).
+__device__ __forceinline__ void wait_count(const int* count, int target) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  for (;;) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(count) : "memory");
+    if (v >= target) return;
+    __nanosleep(128);
+  }
+#else
+  while (*reinterpret_cast<const volatile int*>(count) < target) {
+  }
+#endif
+}
+
+#if QSDPA_MMA_TRACE
+__device__ __forceinline__ unsigned long long trace_now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#endif
+
 // W groups of lanes per block, each the splits s = g (mod W) of the row: their o loads are
 // independent and have no branch, so that a group has all of its loads of a batch of 32 splits in
 // flight at once; the groups' sums meet in shared memory at the end (in group order). Measured on
@@ -33,10 +57,17 @@ template <int W>
 __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Launched as a programmatic dependent of the attention kernel (combine_launch): wait for it to
-  // finish and its partials to be visible. (A no-op when launched the ordinary way.) Then the
-  // next kernel of the stream may be placed: it waits in its turn before it touches memory.
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  // finish and its partials to be visible (A no-op when launched the ordinary way), unless its
+  // blocks count their arrivals (a.arrivals): then each row waits for its own row tile below.
+  // Then the next kernel of the stream may be placed: it waits in its turn before it touches memory.
+  if (!a.arrivals) asm volatile("griddepcontrol.wait;\n" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+#if QSDPA_MMA_TRACE
+  // (trace builds) when the block started, when its wait ended (the grid's end, or its first row's
+  // row tile), and when it ended
+  const unsigned long long tr_start = trace_now();
+  unsigned long long tr_waited = a.arrivals ? 0ull : trace_now();
 #endif
   constexpr int kLanes = W == 8 ? 32 : W == 4 ? 128 : 1;  // lanes of a group at most (groups 1..)
   __shared__ float4 red_o[W][kLanes];        // groups 1.. : their sums
@@ -49,6 +80,21 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
   // Lanes past D read column 0 (in bounds) and write nothing.
   const int dc = active ? d0 : 0;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    // (a.arrivals) the row's row tile of the attention kernel, and its rows
+    int64_t tile = 0;
+    int tile_n = 0;
+    if (a.arrivals) {
+      const int64_t rep = a.Hq / a.Hkv, R = rep * a.Lq, bh = row / a.Lq, b = bh / a.Hq, h = bh - b * a.Hq;
+      const int64_t kvh = h / rep, r = (h - kvh * rep) * a.Lq + (row - bh * a.Lq), rt = r / a.tile_rows;
+      tile = (b * a.Hkv + kvh) * ((R + a.tile_rows - 1) / a.tile_rows) + rt;
+      tile_n = int(std::min<int64_t>(a.tile_rows, R - rt * a.tile_rows));
+      if (threadIdx.x == 0) wait_count(a.arrivals + tile, S);
+      __syncthreads();
+      __threadfence();  // (the partials, behind the count)
+#if QSDPA_MMA_TRACE
+      if (!tr_waited) tr_waited = trace_now();
+#endif
+    }
     const float* pm = a.part_m + row;
     const float* pl = a.part_l + row;
     const float* po = a.part_o + row * D + dc;
@@ -60,8 +106,8 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
 #pragma unroll
     for (int bt = 0; bt < 2; ++bt)
       if (32 * bt + lane < S) {
-        mh[bt] = pm[int64_t(32 * bt + lane) * rows];
-        lh[bt] = pl[int64_t(32 * bt + lane) * rows];
+        mh[bt] = __ldcg(pm + int64_t(32 * bt + lane) * rows);
+        lh[bt] = __ldcg(pl + int64_t(32 * bt + lane) * rows);
       }
     float mx = -INFINITY;  // (a NaN m is never the max, as with fmaxf)
     int arg = 0;
@@ -70,7 +116,7 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
     for (int s0 = 64; s0 < S; s0 += 32) {
       const int s = s0 + lane;
       if (s < S) {
-        const float v = pm[int64_t(s) * rows];
+        const float v = __ldcg(pm + int64_t(s) * rows);
         if (v > mx) mx = v, arg = s;
       }
     }
@@ -89,7 +135,7 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
         const float l = __shfl_sync(0xffffffffu, lj, k);
         const bool vis = __shfl_sync(0xffffffffu, visj ? 1 : 0, k) != 0;
         // (an invisible split has w = 0 and l = 0, and the o read in its place is finite)
-        const float4 o = *reinterpret_cast<const float4*>(po + int64_t(vis ? s0 + k : arg) * so);
+        const float4 o = __ldcg(reinterpret_cast<const float4*>(po + int64_t(vis ? s0 + k : arg) * so));
         denom = fmaf(w, l, denom);
         r[0] = fmaf(w, o.x, r[0]);
         r[1] = fmaf(w, o.y, r[1]);
@@ -119,8 +165,8 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
         const int sj = s0 + lane;
         float mj = -INFINITY, lj = 0.f;
         if (sj < S) {
-          mj = pm[int64_t(sj) * rows];
-          lj = pl[int64_t(sj) * rows];
+          mj = __ldcg(pm + int64_t(sj) * rows);
+          lj = __ldcg(pl + int64_t(sj) * rows);
         }
         batch(s0, mj, lj);
       }
@@ -141,6 +187,9 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
       }
       __syncthreads();  // (the next row's writes wait for these reads)
     }
+    // (a.arrivals) the last of the row tile's rows sets its count back to 0 for the next call (which
+    // waits for this kernel's end before it touches memory)
+    if (a.arrivals && threadIdx.x == 0 && atomicAdd(a.arrivals + tile, 1) == S + tile_n - 1) a.arrivals[tile] = 0;
     if (grp != 0 || !active) continue;
     if (mx != -INFINITY) {
       const float inv = 1.f / denom;
@@ -151,6 +200,14 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
     const int64_t base = a.omap.at(b, h, i) + d0;
     store4_t(a.out, a.dtype, base, make_float4(r[0], r[1], r[2], r[3]));
   }
+#if QSDPA_MMA_TRACE
+  if (threadIdx.x == 0 && a.trace && blockIdx.x < unsigned(kTraceCombineBlocks)) {
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    unsigned long long* e = a.trace + kTraceCombineBase + 4 * blockIdx.x;
+    e[0] = tr_start, e[1] = tr_waited, e[2] = trace_now(), e[3] = smid;
+  }
+#endif
 }
 
 }  // namespace

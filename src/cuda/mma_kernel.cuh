@@ -549,6 +549,17 @@ __device__ __forceinline__ bool arrive_last(const AttnArgs& a, float* scratch) {
   return true;
 }
 
+// The arrival alone (a.arrivals: the combine kernel merges, row tile by row tile as their splits
+// arrive; combine.cu): every thread's partial stores are visible on the device before the count.
+__device__ __forceinline__ void arrive_count(const AttnArgs& a) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    atomicAdd(a.arrivals + blockIdx.x, 1);
+    trace_step(a, kTraceArrival);
+  }
+}
+
 template <int RT, int W = kWarps>
 __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch, int nrows, int r0, int64_t b,
                                               int64_t kvh, int rep, int Lq) {
@@ -940,6 +951,8 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
         merge_if_last<kRT, W>(a, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
       else
         merge_if_last_cold<kRT, W>(&a, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
+    } else if (QSDPA_MMA_ARRIVALS && a.arrivals) {
+      arrive_count(a);
     }
     return;
   }
@@ -1906,6 +1919,8 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   else if (a.counters && !direct) {
     if constexpr (kCompactMerge) merge_if_last_compact<T, D, kRT, W>(a, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
     else merge_if_last<kRT, W>(a, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);
+  } else if (QSDPA_MMA_ARRIVALS && a.arrivals) {
+    arrive_count(a);
   }
 #if QSDPA_MMA_TRACE
   if (tid == 0 && a.trace)

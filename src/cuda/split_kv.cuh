@@ -43,6 +43,13 @@ namespace qsdpa::cuda {
 #define QSDPA_MMA_MERGE_BATCH 2
 #endif
 
+// The tensor-core kernel's counted arrivals for the combine kernel (AttnArgs::arrivals): compiled in
+// (1, the default) or out (0: a tuning knob; the planner then never sets them). The code changes
+// the register allocation of some instantiations by a few registers even where it never runs.
+#ifndef QSDPA_MMA_ARRIVALS
+#define QSDPA_MMA_ARRIVALS 1
+#endif
+
 struct AttnArgs {
   const void* q;
   const uint32_t* k_packed;
@@ -104,6 +111,15 @@ struct AttnArgs {
   // launch). The counters are zero before the call (the workspace's first kInKernelMergeSlots int32,
   // zero-filled once) and again after it.
   int* counters;
+  // Non-null (the combine kernel launched as a programmatic dependent, a zeroed workspace; never
+  // with `counters` or `cluster`): each block of the tensor-core kernel counts its arrival in
+  // arrivals[blockIdx.x] once its partials are written, and the combine kernel's block of a query
+  // row waits for its row tile's count to reach num_splits instead of for the end of the whole
+  // attention grid (griddepcontrol.wait), so that rows whose splits are done merge while other row
+  // tiles still stream. The last of a row tile's rows to be merged sets its count back to 0.
+  // tile_rows: the tensor-core kernel's query rows per row tile (8 or 16).
+  int* arrivals;
+  int tile_rows;
 #if QSDPA_MMA_TRACE
   // (trace builds, -DQSDPA_MMA_TRACE=1: backend.cu) per block of the tensor-core kernel,
   // kTraceBlockWords u64 from index 4 + kTraceBlockWords (blockIdx.y * gridDim.x + blockIdx.x):
@@ -120,6 +136,11 @@ struct AttnArgs {
 // grid): see AttnArgs::trace
 constexpr int kTraceBlockWords = 18;
 constexpr int64_t kTraceMaxBlocks = 1 << 16;
+// (trace builds) then the combine kernel's blocks (the first kTraceCombineBlocks), 4 u64 each from
+// kTraceCombineBase + 4 blockIdx.x: %globaltimer at its start, when its wait ended (the attention
+// grid's end, or with arrivals its first row's row tile), at its end, then its smid
+constexpr int64_t kTraceCombineBlocks = 1 << 12;
+constexpr int64_t kTraceCombineBase = 4 + kTraceBlockWords * kTraceMaxBlocks;
 
 // The tensor-core kernel's token tile (one warp's 32 tokens), and the warps of a block of its tile
 // pool (AttnArgs::pool 1: one block per multiprocessor; 2: two of kPoolPairWarps), for the planner.

@@ -28,6 +28,14 @@ bool uses_cluster_merge(const AttentionParams& p);
 // whole process; returns the previous setting. Whether attention(p) would take it now.
 bool set_in_kernel_merge(bool on);
 bool uses_in_kernel_merge(const AttentionParams& p);
+// Turns on or off (the default: off, or QSDPA_COMBINE_ARRIVALS=1 in the environment) the counted
+// arrivals for the combine kernel (AttnArgs::arrivals: with a programmatic launch and a zeroed
+// workspace, each row of the combine waits for its own row tile's splits instead of the whole
+// attention grid) for the whole process; returns the previous setting.
+bool set_combine_arrivals(bool on);
+// Whether attention(p) would take them now (the combine kernel, a programmatic launch: p.pdl on
+// compute capability 9.0 or newer, a zeroed workspace).
+bool uses_combine_arrivals(const AttentionParams& p);
 // The most 16-byte loads of partial outputs per thread for which a plan merges in the kernel
 // rather than in the combine kernel (the default 32, or 16 << QSDPA_MERGE_LOADS), for the whole
 // process; returns the previous value.

@@ -38,6 +38,16 @@ inline bool device_takes_sm90a_kernels() {
   return major == 9 && minor == 0 && qsdpa::cuda::fixed_group_build();
 }
 
+// Whether device 0 has compute capability 9.0 or newer (programmatic dependent launches).
+inline bool sm90_or_newer() {
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return major >= 9;
+}
+
 namespace qsdpa::test {
 
 // A device allocation (nullptr for 0 bytes), freed on destruction.

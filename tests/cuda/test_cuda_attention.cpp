@@ -677,7 +677,8 @@ TEST(CudaAttention, TwoNTileInKernelMerge) {
 // combine kernel; the test raises that cap so that they merge in the kernel. 4-bit and 8-bit, f16
 // and bf16, sinks, every other row fully masked (zeros); each case is checked to take that plan
 // (on a device of 100 SMs or more, with more than 8 splits), held to the reference twice in a row
-// (a counter left non-zero would spoil the second call), then with the combine kernel.
+// (a counter left non-zero would spoil the second call), then with the combine kernel, then twice
+// with the combine kernel's rows waiting for their own row tile (counted arrivals).
 TEST(CudaAttention, WideRowsManySplitsInKernelMerge) {
   QSDPA_REQUIRE_CUDA();
   const bool want = device_takes_sm90a_kernels();  // (D = 512 on the tensor cores)
@@ -710,13 +711,20 @@ TEST(CudaAttention, WideRowsManySplitsInKernelMerge) {
             EXPECT_GT(cuda::planned_splits(d.params()), 8) << k.str();
           }
         }
-        for (int call = 0; call < 3; ++call) {
-          const bool in_kernel = call < 2;
-          const bool was = cuda::set_in_kernel_merge(in_kernel);
+        // twice in the kernel, then by the combine kernel, then twice by the combine kernel whose
+        // rows wait for their own row tile (counted arrivals)
+        for (int call = 0; call < 5; ++call) {
+          const bool in_kernel = call < 2, arrivals = call >= 3;
+          const bool was = cuda::set_in_kernel_merge(in_kernel), was_arr = cuda::set_combine_arrivals(arrivals);
+          if (arrivals) {
+            test::DeviceProblem d(h);
+            EXPECT_EQ(cuda::uses_combine_arrivals(d.params()), sm90_or_newer()) << k.str();
+          }
           const std::string r = run_problem(h, false);
           cuda::set_in_kernel_merge(was);
-          EXPECT_EQ(r, "") << (in_kernel ? "in the kernel, call " : "combine kernel, call ") << call << ": "
-                           << k.str();
+          cuda::set_combine_arrivals(was_arr);
+          EXPECT_EQ(r, "") << (in_kernel ? "in the kernel, call " : arrivals ? "counted arrivals, call " : "combine kernel, call ")
+                           << call << ": " << k.str();
           ASSERT_EQ(every_other_row_zero(h, h.out), "") << "call " << call << ": " << k.str();
         }
       }

@@ -180,6 +180,10 @@ struct RestoreInKernelMerge {
   bool was = cuda::set_in_kernel_merge(true);
   ~RestoreInKernelMerge() { cuda::set_in_kernel_merge(was); }
 };
+struct RestoreCombineArrivals {
+  bool was = cuda::set_combine_arrivals(false);
+  ~RestoreCombineArrivals() { cuda::set_combine_arrivals(was); }
+};
 
 }  // namespace
 
@@ -308,6 +312,7 @@ std::string check_chain(test::Problem& h, const std::vector<std::vector<uint8_t>
 TEST(CudaRuntime, ChainedCallsWaitForTheirInputs) {
   QSDPA_REQUIRE_CUDA();
   const RestoreInKernelMerge restore_in_kernel;
+  const RestoreCombineArrivals restore_arrivals;
   const RestoreClusterMerge restore_cluster;
   const RestoreBlockPool restore_pool;
   constexpr int kCalls = 3;
@@ -317,10 +322,12 @@ TEST(CudaRuntime, ChainedCallsWaitForTheirInputs) {
     int64_t B;
     bool cluster, in_kernel;
     int pool;  // cuda::set_block_pool's mode: 0 none, 2 blocks of 16 warps, 3 blocks of 8
+    bool arrivals = false;  // the combine kernel's rows wait for their row tile (cuda::set_combine_arrivals)
   };
   for (const Path& path : {Path{"clusters", 1, true, false, 0}, Path{"in-kernel merge", 4, false, true, 0},
-                           Path{"combine kernel", 4, false, false, 0}, Path{"tile pool", 4, false, true, 2},
-                           Path{"tile pool in clusters", 8, true, false, 2},
+                           Path{"combine kernel", 4, false, false, 0},
+                           Path{"combine kernel, counted arrivals", 4, false, false, 0, true},
+                           Path{"tile pool", 4, false, true, 2}, Path{"tile pool in clusters", 8, true, false, 2},
                            Path{"tile pool, blocks of 8 warps", 4, false, true, 3}})
     for (const bool pdl : {true, false}) {
       SCOPED_TRACE(std::string(path.name) + (pdl ? ", pdl" : ", no pdl"));
@@ -329,6 +336,7 @@ TEST(CudaRuntime, ChainedCallsWaitForTheirInputs) {
       cuda::set_in_kernel_merge(path.in_kernel);
       cuda::set_block_pool(path.pool);
       cuda::set_pool_cluster(path.pool && path.cluster);
+      cuda::set_combine_arrivals(path.arrivals);
       Case c = many_blocks_case(40);
       c.B = path.B, c.N = path.cluster ? 4096 : 2048;
       test::Problem h(c);
@@ -346,6 +354,7 @@ TEST(CudaRuntime, ChainedCallsWaitForTheirInputs) {
       EXPECT_EQ(cuda::uses_cluster_merge(ps[0]), path.cluster) << c.str();
       EXPECT_EQ(cuda::uses_in_kernel_merge(ps[0]), path.in_kernel) << c.str();
       EXPECT_EQ(cuda::planned_pool(ps[0]), path.pool ? path.pool - 1 : 0) << c.str();
+      EXPECT_EQ(cuda::uses_combine_arrivals(ps[0]), path.arrivals && pdl && sm90_or_newer()) << c.str();
       const size_t bytes = attention_workspace_size(ps[0]);
       test::DeviceBuffer ws(bytes);
       CUDA_ASSERT(cudaMemsetAsync(ws.get(), 0, bytes, st.s));

@@ -115,6 +115,35 @@ TEST_P(CudaServingMmaCombine, TensorCoreLayouts) {
 }
 INSTANTIATE_TEST_SUITE_P(Cases, CudaServingMmaCombine, ::testing::Range(0, int(mma_cases().size())));
 
+// ... and by the combine kernel whose rows wait for their own row tile's splits (counted arrivals,
+// cuda::set_combine_arrivals; a programmatic launch, the default): the case, then the same shape
+// with other data, then the case again. A count the combine kernel left non-zero would let the
+// next call's combine read partials before they are written (the other data's, or stale ones); one
+// that never reaches the splits would hang.
+class CudaServingMmaArrivals : public ::testing::TestWithParam<int> {};
+TEST_P(CudaServingMmaArrivals, TensorCoreLayouts) {
+  QSDPA_REQUIRE_CUDA();
+  const ServingCase sc = mma_cases()[size_t(GetParam())];
+  ServingCase other = sc;
+  other.c.seed += 1000;
+  const bool was = cuda::set_cluster_merge(false), was_in = cuda::set_in_kernel_merge(false),
+             was_arr = cuda::set_combine_arrivals(true);
+  {
+    ServingProblem sp(sc);
+    Mirror m;
+    const AttentionParams p = sp.params(Backend::cuda, m.map());
+    EXPECT_EQ(cuda::uses_combine_arrivals(p), cuda::uses_tensor_cores(p) && sm90_or_newer()) << sc.str();
+  }
+  std::string r = run_cuda(sc, true);
+  if (r.empty()) r = run_cuda(other, true);
+  if (r.empty()) r = run_cuda(sc, true);
+  cuda::set_cluster_merge(was);
+  cuda::set_in_kernel_merge(was_in);
+  cuda::set_combine_arrivals(was_arr);
+  EXPECT_EQ(r, "") << sc.str();
+}
+INSTANTIATE_TEST_SUITE_P(Cases, CudaServingMmaArrivals, ::testing::Range(0, int(mma_cases().size())));
+
 // ... and merged in the attention kernel where it takes them (no clusters), twice: the splits past
 // a sequence's end (kv_lens) count their arrival on their own path (merge_if_last_cold), and a
 // counter it left non-zero would spoil the second call.
