@@ -82,13 +82,18 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     // (a.arrivals) the row's row tile of the attention kernel, and its rows
     int64_t tile = 0;
-    int tile_n = 0;
+    int tile_n = 0, readers = 0;
     if (a.arrivals) {
       const int64_t rep = a.Hq / a.Hkv, R = rep * a.Lq, bh = row / a.Lq, b = bh / a.Hq, h = bh - b * a.Hq;
       const int64_t kvh = h / rep, r = (h - kvh * rep) * a.Lq + (row - bh * a.Lq), rt = r / a.tile_rows;
       tile = (b * a.Hkv + kvh) * ((R + a.tile_rows - 1) / a.tile_rows) + rt;
       tile_n = int(std::min<int64_t>(a.tile_rows, R - rt * a.tile_rows));
-      if (threadIdx.x == 0) wait_count(a.arrivals + tile, S);
+      if (threadIdx.x == 0) {
+        wait_count(a.arrivals + tile, S);
+        // The row counts itself as read now (every split has arrived), so that the atomic's round
+        // trip overlaps the merge; the last of the tile's rows sets the count back to 0 at the end.
+        readers = atomicAdd(a.arrivals + tile, 1) - S;
+      }
       __syncthreads();
       __threadfence();  // (the partials, behind the count)
 #if QSDPA_MMA_TRACE
@@ -189,7 +194,7 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
     }
     // (a.arrivals) the last of the row tile's rows sets its count back to 0 for the next call (which
     // waits for this kernel's end before it touches memory)
-    if (a.arrivals && threadIdx.x == 0 && atomicAdd(a.arrivals + tile, 1) == S + tile_n - 1) a.arrivals[tile] = 0;
+    if (a.arrivals && threadIdx.x == 0 && readers == tile_n - 1) a.arrivals[tile] = 0;
     if (grp != 0 || !active) continue;
     if (mx != -INFINITY) {
       const float inv = 1.f / denom;
