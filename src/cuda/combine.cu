@@ -13,6 +13,7 @@
 // 32 splits: 12 us under ncu when each o load sat behind its split's visibility test).
 #include <algorithm>
 #include <atomic>
+#include <type_traits>
 
 #include "common.cuh"
 #include "kernels.cuh"
@@ -108,6 +109,23 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
     // has more); the max over all splits and a split that attains it (its o is written: every split
     // that sees a key writes o, others may not).
     float mh[2] = {-INFINITY, -INFINITY}, lh[2] = {0.f, 0.f};
+    // (QSDPA_COMBINE_ONE_ROUND, split_kv.cuh) the o of the group's splits of the first two batches
+    // (W = 1: of the first kPre splits, when there are no more), loaded in the same round as the
+    // (m, l): every split writes its o, so no load waits for the max. A split past S reads split
+    // S - 1's (weighted by 0), and a weight of 0 never touches the sum (a select, not a product).
+    constexpr int kPre = W == 1 ? 8 : 32 / W, kPreB = W == 1 ? 1 : 2;
+    float4 ob[kPreB][kPre];
+    const bool pre = QSDPA_COMBINE_ONE_ROUND && S >= 1 && (W > 1 || S <= kPre);
+    if (pre) {
+#pragma unroll
+      for (int bt = 0; bt < kPreB; ++bt)
+#pragma unroll
+        for (int j = 0; j < kPre; ++j) {
+          const int sp = 32 * bt + (W == 1 ? j : j * W + grp);
+          ob[bt][j] = bt == 0 || S > 32 ? __ldcg(reinterpret_cast<const float4*>(po + int64_t(sp < S ? sp : S - 1) * so))
+                                        : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    }
 #pragma unroll
     for (int bt = 0; bt < 2; ++bt)
       if (32 * bt + lane < S) {
@@ -156,6 +174,27 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
         for (int kk = 0; kk < 32 / W; ++kk) one(kk * W + grp);
       }
     };
+    // The same for batch bt (0 or 1) from the o loaded with the (m, l) (pre).
+    const auto batch_pre = [&](auto btc, float mj, float lj) {
+      constexpr int bt = decltype(btc)::value;
+      const bool visj = mj != -INFINITY;
+      const float wj = visj ? expf(mj - mx) : 0.f;
+#pragma unroll
+      for (int j = 0; j < kPre; ++j) {
+        const int k = W == 1 ? j : j * W + grp;
+        if (W == 1 && k >= S) break;  // (S is the same in every lane)
+        const float w = __shfl_sync(0xffffffffu, wj, k);
+        const float l = __shfl_sync(0xffffffffu, lj, k);
+        if (w != 0.f) {
+          const float4 o = ob[bt][j];
+          denom = fmaf(w, l, denom);
+          r[0] = fmaf(w, o.x, r[0]);
+          r[1] = fmaf(w, o.y, r[1]);
+          r[2] = fmaf(w, o.z, r[2]);
+          r[3] = fmaf(w, o.w, r[3]);
+        }
+      }
+    };
     // (mx and arg are the same in every lane of the block; mx = -inf: no key is visible)
     if (mx != -INFINITY) {
       if (a.sinks) {  // (its term counted once, by group 0)
@@ -163,9 +202,15 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
         mx = fmaxf(mx, sink);
         if (grp == 0) denom = expf(sink - mx);
       }
-      batch(0, mh[0], lh[0]);
-      // the second batch: with groups, unconditionally (its loads in flight with the first's)
-      if (W > 1 || S > 32) batch(32, mh[1], lh[1]);
+      if (pre) {
+        batch_pre(std::integral_constant<int, 0>{}, mh[0], lh[0]);
+        if constexpr (kPreB > 1)
+          if (S > 32) batch_pre(std::integral_constant<int, kPreB - 1>{}, mh[1], lh[1]);
+      } else {
+        batch(0, mh[0], lh[0]);
+        // the second batch: with groups, unconditionally (its loads in flight with the first's)
+        if (W > 1 || S > 32) batch(32, mh[1], lh[1]);
+      }
       for (int s0 = 64; s0 < S; s0 += 32) {
         const int sj = s0 + lane;
         float mj = -INFINITY, lj = 0.f;

@@ -316,9 +316,11 @@ __global__ void __launch_bounds__(kThreads) generic_attention_kernel(const AttnA
   t_lo = max(t_lo, int64_t(0));
   const int64_t t_hi = i_hi < i_lo ? t_lo : min(min(s0 + a.chunk, n), n - lq + i_hi + 1);  // exclusive
 
-  if (t_lo >= t_hi) {  // nothing visible: the combine skips o where m is -inf
+  if (t_lo >= t_hi) {  // nothing visible: m = -inf, l = 0, and o zeros (the combine weighs it by 0)
     const int64_t pi = int64_t(split) * total_rows + row0;
     for (int r = tid; r < nrows; r += kThreads) a.part_m[pi + r] = -INFINITY, a.part_l[pi + r] = 0.f;
+    if (QSDPA_COMBINE_ONE_ROUND)
+      for (int64_t e = tid; e < int64_t(nrows) * a.D; e += kThreads) a.part_o[pi * a.D + e] = 0.f;
     return;
   }
 

@@ -43,6 +43,14 @@ namespace qsdpa::cuda {
 #define QSDPA_MMA_MERGE_BATCH 2
 #endif
 
+// The combine kernel reads the o of its first 64 splits in the same round as their (m, l), not
+// after the max (combine.cu): 1 (the default), or 0 (a tuning knob: o after the max, an invisible
+// split's o read from the split attaining it). For it every split writes its o, zeros where it sees
+// no key (the empty paths of the attention kernels), so that no read is of unwritten memory.
+#ifndef QSDPA_COMBINE_ONE_ROUND
+#define QSDPA_COMBINE_ONE_ROUND 1
+#endif
+
 // The tensor-core kernel's counted arrivals for the combine kernel (AttnArgs::arrivals): compiled in
 // (1, the default) or out (0: a tuning knob; the planner then never sets them). The code changes
 // the register allocation of some instantiations by a few registers even where it never runs.
