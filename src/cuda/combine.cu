@@ -55,7 +55,7 @@ __device__ __forceinline__ unsigned long long trace_now() {
 // other, 8.3 / 9.7 us (run 31); the first 64 splits' (m, l) are now read at once and both batches'
 // loads issued together.
 template <int W>
-__global__ void combine_kernel(const AttnArgs a, int64_t rows) {
+__device__ __forceinline__ void combine_rows(const AttnArgs& a, int64_t rows) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Launched as a programmatic dependent of the attention kernel (combine_launch): wait for it to
   // finish and its partials to be visible (A no-op when launched the ordinary way), unless its
@@ -113,17 +113,26 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
     // (W = 1: of the first kPre splits, when there are no more), loaded in the same round as the
     // (m, l): every split writes its o, so no load waits for the max. A split past S reads split
     // S - 1's (weighted by 0), and a weight of 0 never touches the sum (a select, not a product).
+    // The splits that wrote their o: with per-sequence lengths, the tensor-core kernel's splits past
+    // the sequence's end write only m and l (its split s covers t_begin + s chunk on); a split past
+    // them reads the last one's o instead (weighted by 0).
+    int sv = S;
+    if (QSDPA_COMBINE_ONE_ROUND && a.kv_lens) {
+      const int64_t n = detail::seq_kv_len(a.kv_lens, row / (a.Hq * a.Lq), a.N);
+      sv = n <= a.t_begin ? 0 : int(std::min<int64_t>(S, (n - a.t_begin + a.chunk - 1) / a.chunk));
+    }
     constexpr int kPre = W == 1 ? 8 : 32 / W, kPreB = W == 1 ? 1 : 2;
     float4 ob[kPreB][kPre];
-    const bool pre = QSDPA_COMBINE_ONE_ROUND && S >= 1 && (W > 1 || S <= kPre);
+    const bool pre = QSDPA_COMBINE_ONE_ROUND && sv >= 1 && (W > 1 || S <= kPre);
     if (pre) {
 #pragma unroll
       for (int bt = 0; bt < kPreB; ++bt)
 #pragma unroll
         for (int j = 0; j < kPre; ++j) {
           const int sp = 32 * bt + (W == 1 ? j : j * W + grp);
-          ob[bt][j] = bt == 0 || S > 32 ? __ldcg(reinterpret_cast<const float4*>(po + int64_t(sp < S ? sp : S - 1) * so))
-                                        : make_float4(0.f, 0.f, 0.f, 0.f);
+          ob[bt][j] = bt == 0 || S > 32
+                          ? __ldcg(reinterpret_cast<const float4*>(po + int64_t(sp < sv ? sp : sv - 1) * so))
+                          : make_float4(0.f, 0.f, 0.f, 0.f);
         }
     }
 #pragma unroll
@@ -258,6 +267,18 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
     e[0] = tr_start, e[1] = tr_waited, e[2] = trace_now(), e[3] = smid;
   }
 #endif
+}
+
+// One group per block (few splits or many rows) and 8 groups of a warp (D <= 128): at most 128 and
+// 256 threads. Four groups of up to 4 warps (D <= 512): up to 512 threads, so at most 128 registers
+// a thread (the launch bound; the o loaded with the (m, l) took 136 without it).
+template <int W>
+__global__ void combine_kernel(const AttnArgs a, int64_t rows) {
+  combine_rows<W>(a, rows);
+}
+template <>
+__global__ void __launch_bounds__(512) combine_kernel<4>(const AttnArgs a, int64_t rows) {
+  combine_rows<4>(a, rows);
 }
 
 }  // namespace

@@ -831,23 +831,6 @@ __device__ __forceinline__ void merge_if_last_compact(const AttnArgs& a, float* 
 #ifndef QSDPA_MMA_MERGE_COLD_INLINE
 #define QSDPA_MMA_MERGE_COLD_INLINE 0
 #endif
-// A split without tokens writes zeros as its o (QSDPA_COMBINE_ONE_ROUND: the combine kernel reads
-// every split's o): out of line, as merge_if_last_cold, so that the kernel's register allocation
-// does not change for it.
-template <int W>
-__device__ __noinline__ void zero_o_cold(const AttnArgs* ap, int nrows, int r0, int64_t b, int64_t kvh, int rep, int Lq,
-                                         int split) {
-  const AttnArgs& a = *ap;
-  const int D = int(a.D);
-  const int64_t rows_all = a.B * a.Hq * a.Lq;
-  for (int idx = int(threadIdx.x); idx < nrows * D; idx += W * 32) {
-    const int lr = idx / D, d = idx - lr * D;
-    int i;
-    const int hl = row_head(r0 + lr, Lq, i);
-    a.part_o[(int64_t(split) * rows_all + (b * a.Hq + kvh * rep + hl) * a.Lq + i) * D + d] = 0.0f;
-  }
-}
-
 template <int RT, int W = kWarps>
 __device__ __noinline__ void merge_if_last_cold(const AttnArgs* a, float* scratch, int nrows, int r0, int64_t b,
                                                 int64_t kvh, int rep, int Lq) {
@@ -963,8 +946,6 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
       a.part_m[prow] = -INFINITY;
       a.part_l[prow] = 0.0f;
     }
-    if (QSDPA_COMBINE_ONE_ROUND && !a.counters)  // (the combine kernel reads every split's o)
-      zero_o_cold<W>(&a, nrows, r0, b, kvh, rep, Lq, split);
     if (a.counters) {
       if constexpr (QSDPA_MMA_MERGE_COLD_INLINE != 0)
         merge_if_last<kRT, W>(a, reinterpret_cast<float*>(smem), nrows, r0, b, kvh, rep, Lq);

@@ -45,8 +45,9 @@ namespace qsdpa::cuda {
 
 // The combine kernel reads the o of its first 64 splits in the same round as their (m, l), not
 // after the max (combine.cu): 1 (the default), or 0 (a tuning knob: o after the max, an invisible
-// split's o read from the split attaining it). For it every split writes its o, zeros where it sees
-// no key (the empty paths of the attention kernels), so that no read is of unwritten memory.
+// split's o read from the split attaining it). No read is of unwritten memory: the generic kernel
+// writes zeros as the o of rows that see no key, and the tensor-core kernel writes o in every split
+// but those past a sequence's end (per-sequence lengths), which the combine kernel does not read.
 #ifndef QSDPA_COMBINE_ONE_ROUND
 #define QSDPA_COMBINE_ONE_ROUND 1
 #endif
