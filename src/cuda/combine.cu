@@ -270,16 +270,19 @@ __device__ __forceinline__ void combine_rows(const AttnArgs& a, int64_t rows) {
 }
 
 // One group per block (few splits or many rows) and 8 groups of a warp (D <= 128): at most 128 and
-// 256 threads. Four groups of up to 4 warps (D <= 512): up to 512 threads, so at most 128 registers
-// a thread (the launch bound; the o loaded with the (m, l) took 136 without it).
+// 256 threads. Four groups of up to 4 warps (D <= 512): up to 512 threads, so with
+// QSDPA_COMBINE_ONE_ROUND at most 128 registers a thread (the launch bound; the o loaded with the
+// (m, l) took 136 without it, and D = 512 failed to launch: run 85). Without it, 72.
 template <int W>
 __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
   combine_rows<W>(a, rows);
 }
+#if QSDPA_COMBINE_ONE_ROUND
 template <>
 __global__ void __launch_bounds__(512) combine_kernel<4>(const AttnArgs a, int64_t rows) {
   combine_rows<4>(a, rows);
 }
+#endif
 
 }  // namespace
 
