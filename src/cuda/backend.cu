@@ -766,7 +766,15 @@ Status run_attention(const AttentionParams& p, bool allow_mma) {
     if (e != cudaSuccess) return cuda_status(e, "attention (generic kernel) launch");
   }
   e = cuda::combine_launch(a, stream);
-  if (e != cudaSuccess) return cuda_status(e, "attention (combine kernel) launch");
+  if (e != cudaSuccess) {
+    // (counted arrivals: the attention kernel has counted its blocks, and no combine will set the
+    // counts back to 0 for the next call on this workspace)
+    if (a.arrivals) {
+      cudaGetLastError();
+      cudaMemsetAsync(a.arrivals, 0, cuda::kCounterBytes, stream);
+    }
+    return cuda_status(e, "attention (combine kernel) launch");
+  }
 #if QSDPA_MMA_TRACE
   if (plan.use_mma) trace_dump(a, stream);
 #endif

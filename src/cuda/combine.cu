@@ -117,10 +117,8 @@ __device__ __forceinline__ void combine_rows(const AttnArgs& a, int64_t rows) {
     // the sequence's end write only m and l (its split s covers t_begin + s chunk on); a split past
     // them reads the last one's o instead (weighted by 0).
     int sv = S;
-    if (QSDPA_COMBINE_ONE_ROUND && a.kv_lens) {
-      const int64_t n = detail::seq_kv_len(a.kv_lens, row / (a.Hq * a.Lq), a.N);
-      sv = n <= a.t_begin ? 0 : int(std::min<int64_t>(S, (n - a.t_begin + a.chunk - 1) / a.chunk));
-    }
+    if (QSDPA_COMBINE_ONE_ROUND && a.kv_lens)
+      sv = splits_with_tokens(detail::seq_kv_len(a.kv_lens, row / (a.Hq * a.Lq), a.N), a.t_begin, a.chunk, S);
     constexpr int kPre = W == 1 ? 8 : 32 / W, kPreB = W == 1 ? 1 : 2;
     float4 ob[kPreB][kPre];
     const bool pre = QSDPA_COMBINE_ONE_ROUND && sv >= 1 && (W > 1 || S <= kPre);

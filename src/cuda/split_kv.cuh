@@ -162,6 +162,16 @@ constexpr int kPoolTileTokens = 32;
 constexpr int kPoolBlockWarps = 16;
 constexpr int kPoolPairWarps = kPoolBlockWarps / 2;
 
+// Of the splits 0 .. S-1 of a sequence of n tokens, how many hold a token: split s covers
+// [t_begin + s chunk, t_begin + (s + 1) chunk) clipped to n, and the tensor-core kernel's splits
+// past the end (no token) write only their m and l, not o (the combine kernel in one round reads o
+// from these alone: QSDPA_COMBINE_ONE_ROUND).
+QSDPA_HD int splits_with_tokens(int64_t n, int64_t t_begin, int64_t chunk, int S) {
+  if (n <= t_begin || S <= 0 || chunk <= 0) return 0;
+  const int64_t k = (n - t_begin + chunk - 1) / chunk;
+  return k < S ? int(k) : S;
+}
+
 // The workspace: kInKernelMergeSlots int32 counters first (at a fixed place, so that no call's
 // partials overwrite another call's counters), then the partials (16-byte aligned).
 constexpr int64_t kInKernelMergeSlots = 16384;

@@ -3,9 +3,11 @@
 // right on what it takes; these check that it takes what it should and nothing else.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
+#include "../../src/cuda/split_kv.cuh"
 #include "../../src/cuda/testing.hpp"
 #include "qsdpa/qsdpa.hpp"
 
@@ -193,4 +195,32 @@ TEST(CudaDispatch, FixedGroupInstantiations) {
         }
       }
   EXPECT_GT(n, 40);
+}
+
+// The splits of a sequence that hold a token (split_kv.cuh, splits_with_tokens: the combine kernel
+// in one round reads o from these alone) are exactly those the tensor-core kernel does not skip as
+// empty (mma_kernel.cuh: tb = t_begin + s chunk, te = min(n, tb + chunk), empty when tb >= te),
+// and they come first: every (n, t_begin, chunk, S) of a small grid, against that rule split by
+// split.
+TEST(CudaDispatch, SplitsWithTokensAreTheOnesTheKernelDoesNotSkip) {
+  int cases = 0;
+  for (int64_t chunk : {128, 256, 384, 4096})
+    for (int64_t t_begin : {int64_t(0), int64_t(128), int64_t(1000)})
+      for (int S : {1, 2, 7, 32, 64})
+        for (int64_t n = 0; n <= t_begin + (S + 1) * chunk; n += 37) {
+          int with = 0;
+          bool gap = false;  // a split with a token after an empty one
+          for (int s = 0; s < S; ++s) {
+            const int64_t tb = t_begin + s * chunk, te = std::min(n, tb + chunk);
+            if (tb < te) {
+              gap = gap || with < s;
+              ++with;
+            }
+          }
+          ASSERT_FALSE(gap) << "n=" << n << " t_begin=" << t_begin << " chunk=" << chunk << " S=" << S;
+          ASSERT_EQ(cuda::splits_with_tokens(n, t_begin, chunk, S), with)
+              << "n=" << n << " t_begin=" << t_begin << " chunk=" << chunk << " S=" << S;
+          ++cases;
+        }
+  EXPECT_GT(cases, 1000);
 }
