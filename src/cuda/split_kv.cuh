@@ -57,6 +57,14 @@ namespace qsdpa::cuda {
 #define QSDPA_COMBINE_ONE_ROUND 0
 #endif
 
+// The in-kernel merge (mma_kernel.cuh, merge_if_last, its general path) loads the o of a thread's
+// first element for up to 16 splits in the same round as the (m, l), as QSDPA_COMBINE_ONE_ROUND
+// does in the combine kernel: 1, or 0 (the default: compiled out). Written 2026-12-04 and not yet
+// run on a GPU; meant for B=1 N=131072 4-bit, whose merge reads o one round trip after the (m, l).
+#ifndef QSDPA_MMA_MERGE_ONE_ROUND
+#define QSDPA_MMA_MERGE_ONE_ROUND 0
+#endif
+
 // The tensor-core kernel's counted arrivals for the combine kernel (AttnArgs::arrivals): compiled in
 // (1, the default) or out (0: a tuning knob; the planner then never sets them). The code changes
 // the register allocation of some instantiations by a few registers even where it never runs.
