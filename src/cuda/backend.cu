@@ -850,14 +850,18 @@ bool qsdpa::cuda::set_cluster_merge(bool on) { return detail::g_cluster_allowed.
 
 namespace {
 // The merge attention(p) would take on the current device now: 0 none (no device, no key or no
-// tensor-core plan), 1 clusters, 2 in the attention kernel, 3 the combine kernel.
+// tensor-core plan), 1 clusters, 2 in the attention kernel, 3 the combine kernel, 4 the combine
+// kernel with counted arrivals.
 int planned_merge(const qsdpa::AttentionParams& p) {
   qsdpa::detail::DeviceFacts f;
   if (p.N == 0 || !qsdpa::detail::current_device_facts(&f)) return 0;
   qsdpa::cuda::AttnArgs a = qsdpa::detail::make_args(p);
+  a.pdl = p.pdl && f.cc_major >= 9 ? 1 : 0;  // (as run_attention sets it)
   if (!qsdpa::detail::make_plan(a, f).use_mma) return 0;
   const bool in_kernel = qsdpa::detail::pick_merge(a, f, p);
-  return a.cluster ? 1 : in_kernel ? 2 : 3;
+  if (a.cluster) return 1;
+  if (in_kernel) return 2;
+  return qsdpa::detail::combine_arrivals(a, !p.workspace || p.workspace_zeroed) ? 4 : 3;
 }
 }  // namespace
 
@@ -869,14 +873,7 @@ bool qsdpa::cuda::set_combine_arrivals(bool on) { return detail::g_combine_arriv
 
 bool qsdpa::cuda::uses_in_kernel_merge(const AttentionParams& p) { return planned_merge(p) == 2; }
 
-bool qsdpa::cuda::uses_combine_arrivals(const AttentionParams& p) {
-  detail::DeviceFacts f;
-  if (p.N == 0 || !detail::current_device_facts(&f)) return false;
-  AttnArgs a = detail::make_args(p);
-  a.pdl = p.pdl && f.cc_major >= 9 ? 1 : 0;
-  if (!detail::make_plan(a, f).use_mma || detail::pick_merge(a, f, p)) return false;
-  return detail::combine_arrivals(a, !p.workspace || p.workspace_zeroed);
-}
+bool qsdpa::cuda::uses_combine_arrivals(const AttentionParams& p) { return planned_merge(p) == 4; }
 
 int64_t qsdpa::cuda::set_merge_max_loads(int64_t loads) { return detail::g_merge_max_loads.exchange(loads); }
 

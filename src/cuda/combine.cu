@@ -26,26 +26,15 @@ constexpr int64_t kMaxBlocks = 1 << 20;
 // (a.arrivals) waits until *count reaches `target` (the attention blocks' arrivals, released after
 // their partial stores: an acquire load, a short sleep between reads).
 __device__ __forceinline__ void wait_count(const int* count, int target) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+#ifdef __CUDA_ARCH__  // (every architecture built is sm_80 or newer)
   for (;;) {
     int v;
     asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(count) : "memory");
     if (v >= target) return;
     __nanosleep(128);
   }
-#else
-  while (*reinterpret_cast<const volatile int*>(count) < target) {
-  }
 #endif
 }
-
-#if QSDPA_MMA_TRACE
-__device__ __forceinline__ unsigned long long trace_now() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-#endif
 
 // W groups of lanes per block, each the splits s = g (mod W) of the row: their o loads are
 // independent and have no branch, so that a group has all of its loads of a batch of 32 splits in
@@ -67,8 +56,8 @@ __device__ __forceinline__ void combine_rows(const AttnArgs& a, int64_t rows) {
 #if QSDPA_MMA_TRACE
   // (trace builds) when the block started, when its wait ended (the grid's end, or its first row's
   // row tile), and when it ended
-  const unsigned long long tr_start = trace_now();
-  unsigned long long tr_waited = a.arrivals ? 0ull : trace_now();
+  const unsigned long long tr_start = global_ns();
+  unsigned long long tr_waited = a.arrivals ? 0ull : global_ns();
 #endif
   constexpr int kLanes = W == 8 ? 32 : W == 4 ? 128 : 1;  // lanes of a group at most (groups 1..)
   __shared__ float4 red_o[W][kLanes];        // groups 1.. : their sums
@@ -98,7 +87,7 @@ __device__ __forceinline__ void combine_rows(const AttnArgs& a, int64_t rows) {
       __syncthreads();
       __threadfence();  // (the partials, behind the count)
 #if QSDPA_MMA_TRACE
-      if (!tr_waited) tr_waited = trace_now();
+      if (!tr_waited) tr_waited = global_ns();
 #endif
     }
     const float* pm = a.part_m + row;
@@ -153,6 +142,14 @@ __device__ __forceinline__ void combine_rows(const AttnArgs& a, int64_t rows) {
     warp_max_arg(mx, arg);
     float r[4] = {0.f, 0.f, 0.f, 0.f};
     float denom = 0.f;
+    // one split's terms: its weight w times its l and its o
+    const auto add = [&](float w, float l, const float4& o) {
+      denom = fmaf(w, l, denom);
+      r[0] = fmaf(w, o.x, r[0]);
+      r[1] = fmaf(w, o.y, r[1]);
+      r[2] = fmaf(w, o.z, r[2]);
+      r[3] = fmaf(w, o.w, r[3]);
+    };
     // The weighted sum of one batch of 32 splits from s0 (lane j's m and l: split s0 + j's, -inf and
     // 0 when it sees no key or lies past S: its o, possibly never written, is not read, the load
     // takes split arg's instead, weighted by 0): the group's splits of the batch in order (a
@@ -165,12 +162,7 @@ __device__ __forceinline__ void combine_rows(const AttnArgs& a, int64_t rows) {
         const float l = __shfl_sync(0xffffffffu, lj, k);
         const bool vis = __shfl_sync(0xffffffffu, visj ? 1 : 0, k) != 0;
         // (an invisible split has w = 0 and l = 0, and the o read in its place is finite)
-        const float4 o = __ldcg(reinterpret_cast<const float4*>(po + int64_t(vis ? s0 + k : arg) * so));
-        denom = fmaf(w, l, denom);
-        r[0] = fmaf(w, o.x, r[0]);
-        r[1] = fmaf(w, o.y, r[1]);
-        r[2] = fmaf(w, o.z, r[2]);
-        r[3] = fmaf(w, o.w, r[3]);
+        add(w, l, __ldcg(reinterpret_cast<const float4*>(po + int64_t(vis ? s0 + k : arg) * so)));
       };
       if constexpr (W == 1) {  // (few splits: only the batch's own)
         const int n = min(32, S - s0);
@@ -192,14 +184,7 @@ __device__ __forceinline__ void combine_rows(const AttnArgs& a, int64_t rows) {
         if (W == 1 && k >= S) break;  // (S is the same in every lane)
         const float w = __shfl_sync(0xffffffffu, wj, k);
         const float l = __shfl_sync(0xffffffffu, lj, k);
-        if (w != 0.f) {
-          const float4 o = ob[bt][j];
-          denom = fmaf(w, l, denom);
-          r[0] = fmaf(w, o.x, r[0]);
-          r[1] = fmaf(w, o.y, r[1]);
-          r[2] = fmaf(w, o.z, r[2]);
-          r[3] = fmaf(w, o.w, r[3]);
-        }
+        if (w != 0.f) add(w, l, ob[bt][j]);
       }
     };
     // (mx and arg are the same in every lane of the block; mx = -inf: no key is visible)
@@ -262,7 +247,7 @@ __device__ __forceinline__ void combine_rows(const AttnArgs& a, int64_t rows) {
     unsigned smid;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
     unsigned long long* e = a.trace + kTraceCombineBase + 4 * blockIdx.x;
-    e[0] = tr_start, e[1] = tr_waited, e[2] = trace_now(), e[3] = smid;
+    e[0] = tr_start, e[1] = tr_waited, e[2] = global_ns(), e[3] = smid;
   }
 #endif
 }

@@ -398,11 +398,6 @@ constexpr int kTraceProlog = kTraceArrival + 1, kTraceFirst = kTraceProlog + 1, 
               kTraceQIn = kTraceMerge2 + 1, kTraceBOps = kTraceQIn + 1;
 static_assert(kTraceBOps < kTraceBlockWords, "a word per warp, the stores, the arrival, the steps");
 #if QSDPA_MMA_TRACE
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 // (trace builds) this block's record, or null: no trace, or a block past kTraceMaxBlocks
 __device__ __forceinline__ unsigned long long* trace_record(const AttnArgs& a) {
   const uint64_t blk = uint64_t(blockIdx.y) * gridDim.x + blockIdx.x;

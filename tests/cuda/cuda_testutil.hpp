@@ -26,26 +26,29 @@
     ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_);      \
   } while (0)
 
+// Device 0's compute capability (false, and 0.0, without a device).
+inline bool device0_capability(int& major, int& minor) {
+  major = minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess) {
+    cudaGetLastError();
+    major = minor = 0;
+    return false;
+  }
+  return true;
+}
+
 // Whether device 0 has compute capability 9.0 and the build has the sm_90a instantiations (the
 // tensor-core kernel takes D = 512 there alone).
 inline bool device_takes_sm90a_kernels() {
   int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return major == 9 && minor == 0 && qsdpa::cuda::fixed_group_build();
+  return device0_capability(major, minor) && major == 9 && minor == 0 && qsdpa::cuda::fixed_group_build();
 }
 
 // Whether device 0 has compute capability 9.0 or newer (programmatic dependent launches).
 inline bool sm90_or_newer() {
-  int major = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return major >= 9;
+  int major = 0, minor = 0;
+  return device0_capability(major, minor) && major >= 9;
 }
 
 namespace qsdpa::test {
