@@ -43,7 +43,8 @@ __device__ __forceinline__ void wait_count(const int* count, int target) {
 // splits one after another, 21.2 / 21.6 us; groups, the two batches of 32 splits one after the
 // other, 8.3 / 9.7 us (run 31); the first 64 splits' (m, l) are now read at once and both batches'
 // loads issued together.
-template <int W>
+// PRE: the combine in one round (QSDPA_COMBINE_ONE_ROUND, below).
+template <int W, bool PRE>
 __device__ __forceinline__ void combine_rows(const AttnArgs& a, int64_t rows) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Launched as a programmatic dependent of the attention kernel (combine_launch): wait for it to
@@ -106,11 +107,11 @@ __device__ __forceinline__ void combine_rows(const AttnArgs& a, int64_t rows) {
     // the sequence's end write only m and l (its split s covers t_begin + s chunk on); a split past
     // them reads the last one's o instead (weighted by 0).
     int sv = S;
-    if (QSDPA_COMBINE_ONE_ROUND && a.kv_lens)
+    if (PRE && a.kv_lens)
       sv = splits_with_tokens(detail::seq_kv_len(a.kv_lens, row / (a.Hq * a.Lq), a.N), a.t_begin, a.chunk, S);
     constexpr int kPre = W == 1 ? 8 : 32 / W, kPreB = W == 1 ? 1 : 2;
     float4 ob[kPreB][kPre];
-    const bool pre = QSDPA_COMBINE_ONE_ROUND && sv >= 1 && (W > 1 || S <= kPre);
+    const bool pre = PRE && sv >= 1 && (W > 1 || S <= kPre);
     if (pre) {
 #pragma unroll
       for (int bt = 0; bt < kPreB; ++bt)
@@ -253,19 +254,18 @@ __device__ __forceinline__ void combine_rows(const AttnArgs& a, int64_t rows) {
 }
 
 // One group per block (few splits or many rows) and 8 groups of a warp (D <= 128): at most 128 and
-// 256 threads. Four groups of up to 4 warps (D <= 512): up to 512 threads, so with
-// QSDPA_COMBINE_ONE_ROUND at most 128 registers a thread (the launch bound; the o loaded with the
-// (m, l) took 136 without it, and D = 512 failed to launch: run 85). Without it, 72.
-template <int W>
+// 256 threads. Four groups of up to 4 warps (D <= 512): up to 512 threads.
+// PRE (QSDPA_COMBINE_ONE_ROUND) in every kernel but the one for D > 256: there its 512 threads
+// took 128 registers each (136 without a launch bound, and D = 512 failed to launch: run 85), the
+// whole register file of a multiprocessor, and its blocks, placed early as programmatic dependents,
+// hold it while they wait for the attention grid. Measured on an H200 (2026-12-04, run 86, against
+// the two-round form in the same run): D=512 4-bit 65.8 -> 67.8 us, 8-bit 69.3 -> 74.0 with it; the
+// two-round kernel there takes 72 registers.
+template <int W, bool PRE>
 __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
-  combine_rows<W>(a, rows);
+  combine_rows<W, PRE>(a, rows);
 }
-#if QSDPA_COMBINE_ONE_ROUND
-template <>
-__global__ void __launch_bounds__(512) combine_kernel<4>(const AttnArgs a, int64_t rows) {
-  combine_rows<4>(a, rows);
-}
-#endif
+constexpr bool kOneRound = QSDPA_COMBINE_ONE_ROUND != 0;
 
 }  // namespace
 
@@ -279,7 +279,10 @@ cudaError_t combine_launch(const AttnArgs& a, cudaStream_t s) {
   // 64 splits: 21.2 -> 5.5 us).
   const int W = a.num_splits <= 4 || rows >= 512 ? 1 : lanes == 32 ? 8 : 4;
   const int threads = lanes * W;
-  auto* kern = W == 1 ? combine_kernel<1> : W == 8 ? combine_kernel<8> : combine_kernel<4>;
+  auto* kern = W == 1   ? combine_kernel<1, kOneRound>
+               : W == 8 ? combine_kernel<8, kOneRound>
+               : lanes <= 64 ? combine_kernel<4, kOneRound>
+                             : combine_kernel<4, false>;
   const int64_t blocks = std::min(rows, kMaxBlocks);
   // Once per device (devices 0..63): the same shared-memory carveout as the attention kernels
   // (max shared), so that the multiprocessors need not switch their L1 / shared split between
@@ -294,11 +297,11 @@ cudaError_t combine_launch(const AttnArgs& a, cudaStream_t s) {
   if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
   const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
   if (!(opted.load(std::memory_order_acquire) & bit)) {
-    if (cudaError_t e = cudaFuncSetAttribute(combine_kernel<8>, cudaFuncAttributePreferredSharedMemoryCarveout,
+    if (cudaError_t e = cudaFuncSetAttribute(combine_kernel<8, kOneRound>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                              int(cudaSharedmemCarveoutMaxShared));
         e != cudaSuccess)
       return e;
-    for (auto* k : {combine_kernel<1>, combine_kernel<4>})
+    for (auto* k : {combine_kernel<1, kOneRound>, combine_kernel<4, kOneRound>, combine_kernel<4, false>})
       if (cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
                                                int(cudaSharedmemCarveoutMaxShared));
           e != cudaSuccess)

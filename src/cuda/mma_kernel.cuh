@@ -569,26 +569,6 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
     h = kvh * rep + row_head(r0 + lr, Lq, i);
     return (b * a.Hq + h) * a.Lq + i;
   };
-#if QSDPA_MMA_MERGE_ONE_ROUND
-  // The o of this thread's first element (idx = tid of the general path below) for the first kMP
-  // splits, loaded before the (m, l) are: every split that holds a token wrote its o (the ones past
-  // a sequence's end did not: the last one that did is read in their place), and the weights apply
-  // by a select.
-  constexpr int kMP = 16;
-  float4 opre[kMP];
-  const bool pre_o = S <= kMP && tid < nrows * (D / 4);
-  if (pre_o) {
-    const int sv = a.kv_lens ? splits_with_tokens(detail::seq_kv_len(a.kv_lens, b, a.N), a.t_begin, a.chunk, S) : S;
-    const int lr = tid / (D / 4), d = 4 * (tid - lr * (D / 4));
-    int64_t h;
-    int i;
-    const float* po = a.part_o + row_of(lr, h, i) * D + d;
-#pragma unroll
-    for (int k = 0; k < kMP; ++k)
-      opre[k] = k < S && sv >= 1 ? __ldcg(reinterpret_cast<const float4*>(po + int64_t(k < sv ? k : sv - 1) * rows_total * D))
-                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
-#endif
   for (int idx = tid; idx < nrows * S; idx += W * 32) {
     const int lr = idx / S, sp = idx - lr * S;
     int64_t h;
@@ -687,19 +667,6 @@ __device__ __forceinline__ void merge_if_last(const AttnArgs& a, float* scratch,
     const int64_t row = row_of(lr, h, i);
     const float inv = rinv[lr];
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#if QSDPA_MMA_MERGE_ONE_ROUND
-    if (inv != 0.0f && pre_o && idx == tid) {
-#pragma unroll
-      for (int k = 0; k < kMP; ++k) {
-        const float w = k < S ? wm[lr * S + k] : 0.0f;
-        if (w != 0.0f) {
-          acc.x = fmaf(w, opre[k].x, acc.x), acc.y = fmaf(w, opre[k].y, acc.y);
-          acc.z = fmaf(w, opre[k].z, acc.z), acc.w = fmaf(w, opre[k].w, acc.w);
-        }
-      }
-      acc.x *= inv, acc.y *= inv, acc.z *= inv, acc.w *= inv;
-    } else
-#endif
     if (inv != 0.0f) {
       const int arg = rarg[lr];
       const float* po = a.part_o + row * D + d;

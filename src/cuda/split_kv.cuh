@@ -44,25 +44,17 @@ namespace qsdpa::cuda {
 #endif
 
 // The combine kernel reads the o of its first 64 splits in the same round as their (m, l), not
-// after the max (combine.cu): 1, or 0 (the default: o after the max, an invisible split's o read
+// after the max (combine.cu): 1 (the default), or 0 (o after the max, an invisible split's o read
 // from the split attaining it). No read is of unwritten memory: the generic kernel then writes
 // zeros as the o of rows that see no key, and the tensor-core kernel writes o in every split but
 // those past a sequence's end (per-sequence lengths), which the combine kernel does not read.
-// Measured on an H200 (2026-12-04, run 85, 3 rounds, against 0 in the same run): D=256 4-bit 32.8
-// -> 31.0 us per call, 8-bit 45.6 -> 45.1, in a first form (zero stores in the tensor-core kernel,
-// since removed: they cost Lq=4 1.2 us; no launch bound, so that D=512 failed to launch). The form
-// here has not run on a GPU yet: off until the suite has passed on it (scripts/gpu_run.sh with
-// QSDPA_GPU_CUDA_FLAGS=-DQSDPA_COMBINE_ONE_ROUND=1).
+// Measured on an H200 (2026-12-04, run 86, against 0 in the same run, 2 rounds): D=256 4-bit
+// 33.1 -> 32.2 us per call, 8-bit 46.1 -> 45.0 (run 85, a first form: 32.8 -> 31.0); not in the
+// D = 512 kernel, where it was slower (combine.cu). The same in the tensor-core kernel's in-kernel
+// merge (its first element's o for up to 16 splits loaded before the (m, l)) was slower in run 86
+// (B=1 N=131072 4-bit 48.6 -> 49.7 us, Lq=4 4-bit +1.3) and was removed: a32373a holds it.
 #ifndef QSDPA_COMBINE_ONE_ROUND
-#define QSDPA_COMBINE_ONE_ROUND 0
-#endif
-
-// The in-kernel merge (mma_kernel.cuh, merge_if_last, its general path) loads the o of a thread's
-// first element for up to 16 splits in the same round as the (m, l), as QSDPA_COMBINE_ONE_ROUND
-// does in the combine kernel: 1, or 0 (the default: compiled out). Written 2026-12-04 and not yet
-// run on a GPU; meant for B=1 N=131072 4-bit, whose merge reads o one round trip after the (m, l).
-#ifndef QSDPA_MMA_MERGE_ONE_ROUND
-#define QSDPA_MMA_MERGE_ONE_ROUND 0
+#define QSDPA_COMBINE_ONE_ROUND 1
 #endif
 
 // The tensor-core kernel's counted arrivals for the combine kernel (AttnArgs::arrivals): compiled in
