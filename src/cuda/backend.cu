@@ -79,17 +79,6 @@ int env_digit(const char* name, int most, int fallback) {
 // below). QSDPA_COMBINE_ARRIVALS=0/1 in the environment sets the start, cuda::set_combine_arrivals
 // (a test hook) any time.
 std::atomic<bool> g_combine_arrivals{env_digit("QSDPA_COMBINE_ARRIVALS", 1, 0) == 1};
-// The tokens at the start of each split that the tensor-core kernel prefetches into L2 before its
-// dependency wait when launched as a programmatic dependent (AttnArgs::l2_prefetch; contiguous
-// caches): QSDPA_L2_PREFETCH=<tokens> in the environment (0: none), read once.
-int env_l2_prefetch() {
-  const char* e = std::getenv("QSDPA_L2_PREFETCH");
-  if (!e || !*e) return 1024;
-  char* end = nullptr;
-  const long v = std::strtol(e, &end, 10);
-  return *end == '\0' && v >= 0 && v <= (1L << 24) ? int(v) : 1024;
-}
-const int g_l2_prefetch = env_l2_prefetch();
 // The tensor-core kernel's tile pool (AttnArgs::pool; pool_wanted below): 0 never, 1 (the
 // default) where the problem is large enough, 2 wherever it fits in blocks of 16 warps, 3 the same
 // in blocks of 8 (2 and 3: cuda::set_block_pool, a test hook). QSDPA_BLOCK_POOL=0..3 in the
@@ -733,7 +722,6 @@ Status run_attention(const AttentionParams& p, bool allow_mma) {
 
   AttnArgs a = make_args(p);
   a.pdl = pdl;
-  a.l2_prefetch = pdl ? g_l2_prefetch : 0;
   const Plan plan = make_plan(a, f, allow_mma);
   if (!plan.use_mma && int64_t(a.num_splits) * a.B * a.Hkv * cuda::generic_row_tiles(a) > INT32_MAX)
     return error(StatusCode::unsupported,

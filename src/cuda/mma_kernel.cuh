@@ -832,47 +832,6 @@ __device__ __noinline__ void merge_if_last_cold(const AttnArgs* a, float* scratc
   merge_if_last<RT, W>(*a, scratch, nrows, r0, b, kvh, rep, Lq);
 }
 
-// (AttnArgs::l2_prefetch) the first tokens of this block's split, K, V and their scales and
-// biases, prefetched into L2, before the block's dependency wait: only kernel parameters are read,
-// and a prefetch to L2 cannot return stale data (the previous kernel's writes land in L2 as well;
-// the block's own loads come after the wait). One row tile of each (b, KV head, split) issues it,
-// one bulk prefetch per tensor, from threads 0..5, of the tensor's rows [t0, min(N, t0 + tokens))
-// of the contiguous layout (in bounds whatever the per-sequence lengths are), cut to whole 16-byte
-// units inside them (prefetch_span, split_kv.cuh). RBG / RBGV: bytes of a packed key / value row; RT: rows of a row tile.
-// -DQSDPA_MMA_L2_PREFETCH=0 compiles it out (a tuning knob: the call's code, apart from its use).
-#ifndef QSDPA_MMA_L2_PREFETCH
-#define QSDPA_MMA_L2_PREFETCH 1
-#endif
-template <int RBG, int RBGV, int RT>
-__device__ __noinline__ void prefetch_split_start(const AttnArgs* ap) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const AttnArgs& a = *ap;
-  const int w = int(threadIdx.x);
-  const int R = int(a.Hq / a.Hkv) * int(a.Lq), row_tiles = (R + RT - 1) / RT;
-  const int64_t bh = int64_t(blockIdx.x) / row_tiles;
-  if (w >= 6 || int64_t(blockIdx.x) != bh * row_tiles) return;
-  const int64_t b = bh / a.Hkv, kvh = bh - b * a.Hkv;
-  const int64_t t0 = a.t_begin + int64_t(blockIdx.y) * a.chunk;
-  const int64_t t1 = min(a.N, t0 + min(a.chunk, int64_t(a.l2_prefetch)));
-  if (t1 <= t0) return;
-  const bool kt = w == 0 || w == 2 || w == 3;  // K rows (packed, scales, biases), else V rows
-  const int64_t row = kt ? b * a.kmap.batch_stride + kvh * a.kmap.head_stride + t0
-                         : b * a.vmap.batch_stride + kvh * a.vmap.head_stride + t0;
-  const int64_t rb = w == 0 ? RBG : w == 1 ? RBGV : int64_t(a.D / (w < 4 ? a.k_group : a.v_group)) * 2;  // bytes per row
-  const void* base = w == 0 ? static_cast<const void*>(a.k_packed)
-                     : w == 1 ? static_cast<const void*>(a.v_packed)
-                     : w == 2 ? a.k_scales
-                     : w == 3 ? a.k_biases
-                     : w == 4 ? a.v_scales
-                              : a.v_biases;
-  if (!base) return;
-  uintptr_t lo;
-  const uint32_t bytes = prefetch_span(reinterpret_cast<uintptr_t>(base), row, t1 - t0, rb, &lo);
-  if (bytes == 0) return;
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(lo), "r"(bytes) : "memory");
-#endif
-}
-
 // KDEN: f16 keys as subnormal codes, else as magic-number codes (ignored for bf16). LAYOUT: kContig,
 // kPaged, kPaged16, kAny, kContigCluster, kContigWide or kContigPool (above; warps_of(LAYOUT) warps
 // per block). GC: the group size, or 0 for a.k_group (above).
@@ -903,8 +862,6 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   // Launched as a programmatic dependent (AttnArgs::pdl), the block may be placed while the
   // stream's previous kernel still runs: nothing here reads or writes memory before that kernel
   // has completed and its writes are visible. (A no-op after an ordinary launch.)
-  if constexpr (QSDPA_MMA_L2_PREFETCH && (LAYOUT == kContig || LAYOUT == kContigCluster || LAYOUT == kContigWide || is_pool(LAYOUT)))
-    if (a.l2_prefetch > 0 && threadIdx.x < 6) prefetch_split_start<S::kRBG, S::kRBGV, S::kRT>(&a);
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   // The next kernel (the combine, or the next call) may be placed now: it waits in its turn for
   // this grid's end before it touches memory, so this changes when it is scheduled, not what it

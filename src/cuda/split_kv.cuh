@@ -118,11 +118,6 @@ struct AttnArgs {
   // 9.0 or newer, set by run_attention alone; 0 from make_args); the kernels wait in
   // griddepcontrol.wait before touching memory either way.
   int pdl;
-  // With pdl: the tokens at the start of each split that the tensor-core kernel's blocks (contiguous
-  // caches) prefetch into L2 before their dependency wait (mma_kernel.cuh, prefetch_split_start).
-  // A block may be placed while the stream's previous kernel still runs its tail; its first tiles
-  // then come from L2. 0: none. (Host: QSDPA_L2_PREFETCH in the environment, backend.cu.)
-  int l2_prefetch;
   int64_t plan_b;  // (host only) sequences the split planner assumes: B, or the batch's tokens / N
   // Non-null: the tensor-core kernel merges the splits itself. Each block counts its arrival in
   // counters[blockIdx.x] once its partials are written; the last of a row tile's splits merges
@@ -175,17 +170,6 @@ QSDPA_HD int splits_with_tokens(int64_t n, int64_t t_begin, int64_t chunk, int S
   if (n <= t_begin || S <= 0 || chunk <= 0) return 0;
   const int64_t k = (n - t_begin + chunk - 1) / chunk;
   return k < S ? int(k) : S;
-}
-
-// (AttnArgs::l2_prefetch) rows [row, row + rows) of rb bytes each of a tensor at address base, cut
-// to whole 16-byte units inside them (the operand of one bulk L2 prefetch, at most 2^30 bytes):
-// *lo its first byte, the return value its bytes (0: nothing to prefetch).
-QSDPA_HD uint32_t prefetch_span(uintptr_t base, int64_t row, int64_t rows, int64_t rb, uintptr_t* lo) {
-  const uintptr_t first = (base + uintptr_t(row * rb) + 15) & ~uintptr_t(15);
-  const uintptr_t end = (base + uintptr_t((row + rows) * rb)) & ~uintptr_t(15);
-  *lo = first;
-  if (rows <= 0 || end <= first) return 0;
-  return end - first < (uintptr_t(1) << 30) ? uint32_t(end - first) : uint32_t(1) << 30;
 }
 
 // The workspace: kInKernelMergeSlots int32 counters first (at a fixed place, so that no call's

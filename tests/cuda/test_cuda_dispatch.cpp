@@ -224,34 +224,3 @@ TEST(CudaDispatch, SplitsWithTokensAreTheOnesTheKernelDoesNotSkip) {
         }
   EXPECT_GT(cases, 1000);
 }
-
-// The L2 prefetch's span (split_kv.cuh, prefetch_span: the operand of the tensor-core kernel's bulk
-// prefetch before its dependency wait) is whole 16-byte units inside the rows it is given, and
-// misses at most the partial units at their two ends: every (base phase, row, rows, row bytes) of a
-// grid, against the rows' byte range.
-TEST(CudaDispatch, PrefetchSpanStaysInsideItsRows) {
-  int cases = 0;
-  for (uintptr_t base : {uintptr_t(0x10000), uintptr_t(0x10002), uintptr_t(0x1000a), uintptr_t(0x1000e)})
-    for (int64_t rb : {2, 4, 8, 16, 32, 64, 128, 256, 512})
-      for (int64_t row : {int64_t(0), int64_t(1), int64_t(3), int64_t(777), int64_t(1) << 20})
-        for (int64_t rows : {int64_t(0), int64_t(1), int64_t(2), int64_t(5), int64_t(1024), int64_t(4099)}) {
-          uintptr_t lo = 0;
-          const uint32_t bytes = cuda::prefetch_span(base, row, rows, rb, &lo);
-          const uintptr_t first = base + uintptr_t(row * rb), end = base + uintptr_t((row + rows) * rb);
-          const std::string at = "base=" + std::to_string(base) + " rb=" + std::to_string(rb) +
-                                 " row=" + std::to_string(row) + " rows=" + std::to_string(rows);
-          ASSERT_EQ(bytes % 16, 0u) << at;
-          if (bytes == 0) {
-            // (nothing: the rows hold no whole 16-byte unit)
-            ASSERT_LT(end - first, uintptr_t(32)) << at;
-            continue;
-          }
-          ASSERT_EQ(lo % 16, 0u) << at;
-          ASSERT_GE(lo, first) << at;
-          ASSERT_LE(lo + bytes, end) << at;
-          ASSERT_LT(lo - first, uintptr_t(16)) << at;  // (at most 15 bytes left out at each end)
-          ASSERT_LT(end - (lo + bytes), uintptr_t(16)) << at;
-          ++cases;
-        }
-  EXPECT_GT(cases, 500);
-}
