@@ -48,8 +48,9 @@ namespace qsdpa::cuda {
 // from the split attaining it). No read is of unwritten memory: the generic kernel then writes
 // zeros as the o of rows that see no key, and the tensor-core kernel writes o in every split but
 // those past a sequence's end (per-sequence lengths), which the combine kernel does not read.
-// Measured on an H200 (2026-12-04, run 86, against 0 in the same run, 2 rounds): D=256 4-bit
-// 33.1 -> 32.2 us per call, 8-bit 46.1 -> 45.0 (run 85, a first form: 32.8 -> 31.0); not in the
+// Measured on an H200 (2026-12-04, against 0 in the same run): D=256 4-bit 32.8 -> 31.5 us per call
+// (run 87, 3 rounds; run 86: 33.1 -> 32.2; run 85, a first form: 32.8 -> 31.0), 8-bit within the
+// noise (45.3 -> 45.6 in run 87, 46.1 -> 45.0 in run 86); not in the
 // D = 512 kernel, where it was slower (combine.cu). The same in the tensor-core kernel's in-kernel
 // merge (its first element's o for up to 16 splits loaded before the (m, l)) was slower in run 86
 // (B=1 N=131072 4-bit 48.6 -> 49.7 us, Lq=4 4-bit +1.3) and was removed: a32373a holds it.
