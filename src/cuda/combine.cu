@@ -43,9 +43,17 @@ __device__ __forceinline__ void wait_count(const int* count, int target) {
 // splits one after another, 21.2 / 21.6 us; groups, the two batches of 32 splits one after the
 // other, 8.3 / 9.7 us (run 31); the first 64 splits' (m, l) are now read at once and both batches'
 // loads issued together.
-// PRE: the combine in one round (QSDPA_COMBINE_ONE_ROUND, below).
+//
+// One group per block (few splits or many rows) and 8 groups of a warp (D <= 128): at most 128 and
+// 256 threads. Four groups of up to 4 warps (D <= 512): up to 512 threads.
+// PRE: the combine in one round (QSDPA_COMBINE_ONE_ROUND), in every kernel but the one for D > 256:
+// there its 512 threads took 128 registers each (136 without a launch bound, and D = 512 failed to
+// launch: run 85), the whole register file of a multiprocessor, and its blocks, placed early as
+// programmatic dependents, hold it while they wait for the attention grid. Measured on an H200
+// (2026-12-04, run 86, against the two-round form in the same run): D=512 4-bit 65.8 -> 67.8 us,
+// 8-bit 69.3 -> 74.0 with it; the two-round kernel there takes 72 registers.
 template <int W, bool PRE>
-__device__ __forceinline__ void combine_rows(const AttnArgs& a, int64_t rows) {
+__global__ void combine_kernel(const AttnArgs a, int64_t rows) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Launched as a programmatic dependent of the attention kernel (combine_launch): wait for it to
   // finish and its partials to be visible (A no-op when launched the ordinary way), unless its
@@ -253,18 +261,6 @@ __device__ __forceinline__ void combine_rows(const AttnArgs& a, int64_t rows) {
 #endif
 }
 
-// One group per block (few splits or many rows) and 8 groups of a warp (D <= 128): at most 128 and
-// 256 threads. Four groups of up to 4 warps (D <= 512): up to 512 threads.
-// PRE (QSDPA_COMBINE_ONE_ROUND) in every kernel but the one for D > 256: there its 512 threads
-// took 128 registers each (136 without a launch bound, and D = 512 failed to launch: run 85), the
-// whole register file of a multiprocessor, and its blocks, placed early as programmatic dependents,
-// hold it while they wait for the attention grid. Measured on an H200 (2026-12-04, run 86, against
-// the two-round form in the same run): D=512 4-bit 65.8 -> 67.8 us, 8-bit 69.3 -> 74.0 with it; the
-// two-round kernel there takes 72 registers.
-template <int W, bool PRE>
-__global__ void combine_kernel(const AttnArgs a, int64_t rows) {
-  combine_rows<W, PRE>(a, rows);
-}
 constexpr bool kOneRound = QSDPA_COMBINE_ONE_ROUND != 0;
 
 }  // namespace
