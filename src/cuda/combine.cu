@@ -52,8 +52,9 @@ __device__ __forceinline__ void wait_count(const int* count, int target) {
 // programmatic dependents, hold it while they wait for the attention grid. Measured on an H200
 // (2026-12-04, run 86, against the two-round form in the same run): D=512 4-bit 65.8 -> 67.8 us,
 // 8-bit 69.3 -> 74.0 with it; the two-round kernel there takes 72 registers.
+// LC: each row's head dims in 2^LC slices of D >> LC, a block per (row, slice) (combine_launch).
 template <int W, bool PRE>
-__global__ void combine_kernel(const AttnArgs a, int64_t rows) {
+__global__ void combine_kernel(const AttnArgs a, int64_t rows, int lc) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Launched as a programmatic dependent of the attention kernel (combine_launch): wait for it to
   // finish and its partials to be visible (A no-op when launched the ordinary way), unless its
@@ -71,14 +72,16 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
   constexpr int kLanes = W == 8 ? 32 : W == 4 ? 128 : 1;  // lanes of a group at most (groups 1..)
   __shared__ float4 red_o[W][kLanes];        // groups 1.. : their sums
   __shared__ float red_d[W][kLanes];
-  const int D = int(a.D), S = a.num_splits;
+  const int D = int(a.D), S = a.num_splits, DS = D >> lc;  // DS: the head dims of a slice
   const int T4 = int(blockDim.x) / W;  // lanes of a group (a multiple of 32)
   const int grp = int(threadIdx.x) / T4, t = int(threadIdx.x) - grp * T4, lane = t & 31;
-  const int d0 = t * 4;
-  const bool active = d0 < D;
-  // Lanes past D read column 0 (in bounds) and write nothing.
-  const int dc = active ? d0 : 0;
-  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+  const bool active = t * 4 < DS;
+  // Lanes past the slice read its column 0 (in bounds) and write nothing.
+  const int dt = active ? t * 4 : 0;
+  const int64_t slots = rows << lc;
+  for (int64_t slot = blockIdx.x; slot < slots; slot += gridDim.x) {
+    const int64_t row = slot >> lc;
+    const int d0 = (int(slot) & ((1 << lc) - 1)) * DS + dt;  // (the lane's first head dim)
     // (a.arrivals) the row's row tile of the attention kernel, and its rows
     int64_t tile = 0;
     int tile_n = 0, readers = 0;
@@ -101,7 +104,7 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
     }
     const float* pm = a.part_m + row;
     const float* pl = a.part_l + row;
-    const float* po = a.part_o + row * D + dc;
+    const float* po = a.part_o + row * D + d0;
     const int64_t so = rows * D;
     // Lane j holds the (m, l) of splits j and j + 32 (the first 64), read once (a decode call rarely
     // has more); the max over all splits and a split that attains it (its o is written: every split
@@ -262,6 +265,13 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows) {
 }
 
 constexpr bool kOneRound = QSDPA_COMBINE_ONE_ROUND != 0;
+// Rows of D > 128 merged in slices of 128 head dims, a block per (row, slice), with 8 groups of one
+// warp, where a call has few rows of many splits (W > 1 below, no arrivals): at D = 512, B=4 Hq=16
+// (64 rows of 43 splits), the one block per row of 512 threads ran 5-6 us after the attention grid
+// had ended (H200 trace, 2026-12-04, run 82), on 64 of the 132 SMs. 0: one block per row.
+#ifndef QSDPA_COMBINE_SLICES
+#define QSDPA_COMBINE_SLICES 1
+#endif
 
 }  // namespace
 
@@ -273,13 +283,19 @@ cudaError_t combine_launch(const AttnArgs& a, cudaStream_t s) {
   // 6 splits, went 116 -> 120 us end to end); else 8 groups of one warp (D <= 128), or 4 of up to 4
   // warps (D <= 512): the few rows of a long-cache call with many splits (B=1 N=131072, 32 rows of
   // 64 splits: 21.2 -> 5.5 us).
-  const int W = a.num_splits <= 4 || rows >= 512 ? 1 : lanes == 32 ? 8 : 4;
-  const int threads = lanes * W;
+  const bool few = a.num_splits > 4 && rows < 512;
+  // slices of 128 head dims (QSDPA_COMBINE_SLICES): then a slice is one warp's 4 dims per lane
+  const int lc = QSDPA_COMBINE_SLICES && few && !a.arrivals && lanes > 32 && a.D % 128 == 0
+                     ? (a.D == 256 ? 1 : a.D == 512 ? 2 : 0)
+                     : 0;
+  const int lanes_s = lanes >> lc;
+  const int W = !few ? 1 : lanes_s == 32 ? 8 : 4;
+  const int threads = lanes_s * W;
   auto* kern = W == 1   ? combine_kernel<1, kOneRound>
                : W == 8 ? combine_kernel<8, kOneRound>
-               : lanes <= 64 ? combine_kernel<4, kOneRound>
-                             : combine_kernel<4, false>;
-  const int64_t blocks = std::min(rows, kMaxBlocks);
+               : lanes_s <= 64 ? combine_kernel<4, kOneRound>
+                               : combine_kernel<4, false>;
+  const int64_t blocks = std::min(rows << lc, kMaxBlocks);
   // Once per device (devices 0..63): the same shared-memory carveout as the attention kernels
   // (max shared), so that the multiprocessors need not switch their L1 / shared split between
   // the two launches of a call.
@@ -313,10 +329,10 @@ cudaError_t combine_launch(const AttnArgs& a, cudaStream_t s) {
     cudaLaunchAttribute attr[1] = {programmatic_launch_attribute()};
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    if (cudaLaunchKernelEx(&cfg, kern, a, rows) == cudaSuccess) return cudaSuccess;
+    if (cudaLaunchKernelEx(&cfg, kern, a, rows, lc) == cudaSuccess) return cudaSuccess;
     cudaGetLastError();  // not supported here: the ordinary launch below
   }
-  kern<<<unsigned(blocks), threads, 0, s>>>(a, rows);
+  kern<<<unsigned(blocks), threads, 0, s>>>(a, rows, lc);
   return cudaGetLastError();
 }
 

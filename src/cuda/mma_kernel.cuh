@@ -374,12 +374,20 @@ constexpr bool kClusterCode = true;
 // 3 rounds against 0): rows ready 6.8 -> 3.6 us; Lq=4 f16 4-bit 112.1 -> 109.2 us, bf16 118.7 ->
 // 114.6, 8-bit 148.5 -> 145.8, Lq=3 110.0 -> 107.9. 2 (the default since run 75): in every kernel
 // whose rows' pieces fall evenly on all its threads, a row on at most 32 lanes (the 4-warp blocks of
-// one n-tile at D = 128 and 256 too; not the pool's blocks of 16 warps nor the d-split). Run 75 (2
-// rounds against 1): D=256 4-bit 37.2 -> 34.1 us, 8-bit 51.8 -> 46.5, 2-bit 76.9 -> 75.8, B=1
+// one n-tile at D = 128 and 256 too; not the pool's blocks of 16 warps; the d-split kernels by
+// QSDPA_MMA_Q_VEC_DSPLIT below). Run 75 (2 rounds against 1): D=256 4-bit 37.2 -> 34.1 us, 8-bit 51.8 -> 46.5, 2-bit 76.9 -> 75.8, B=1
 // N=4096 4-bit 12.4 -> 11.6, 8-bit 13.2 -> 12.6; the other shapes within 0.5 us. In the pool's
 // blocks too (one piece per thread on their first 4 warps; run 76, 2 rounds): 1.4-3.3 us slower.
 #ifndef QSDPA_MMA_Q_VEC
 #define QSDPA_MMA_Q_VEC 2
+#endif
+// The same 16-byte row pieces in the d-split kernels (D = 512: 8 rows of 512 dims over 128 threads,
+// 32 dims each, 16 lanes per row). H200 trace (2026-12-04, run 82, D=512 4-bit, element by element
+// and each warp reducing its 2 rows one after another with 32-lane shuffles): the rows were in
+// shared memory 5.2-6.4 us after the block's start and reduced 2.9-3.7 us later, so the token loop
+// began 8.7-10 us into a 60 us call, with the cache's first tiles long in. 0: element by element.
+#ifndef QSDPA_MMA_Q_VEC_DSPLIT
+#define QSDPA_MMA_Q_VEC_DSPLIT 1
 #endif
 
 // (trace builds, -DQSDPA_MMA_TRACE=1) the words of a block's record (AttnArgs::trace) from
@@ -1134,7 +1142,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   // kQVec (the two-n-tile kernels): 16-byte pieces of 8 elements, one row offset per piece (a
   // piece whose address is not 16-byte aligned is read element by element), instead of one
   // element and one row offset (a division by Lq, 64-bit products) per load.
-  constexpr bool kQVecFits = S::kDS == 1 && (kRT * D / 8) % (W * 32) == 0 && (W * 32) % kRT == 0 && W * 32 / kRT <= 32;
+  constexpr bool kQVecFits = (S::kDS == 1 || QSDPA_MMA_Q_VEC_DSPLIT != 0) && (kRT * D / 8) % (W * 32) == 0 && (W * 32) % kRT == 0 && W * 32 / kRT <= 32;
   constexpr bool kQVec = kQVecFits && ((QSDPA_MMA_Q_VEC == 1 && NT == 2) || QSDPA_MMA_Q_VEC == 2);
   constexpr int kQE = kQVec ? 8 : 1;  // elements per load
   constexpr int kQPer = (kRT * D / kQE + W * 32 - 1) / (W * 32);

@@ -737,7 +737,7 @@ TEST(CudaAttention, WideRowsManySplitsInKernelMerge) {
 // elements apart (consecutive rows alternately aligned and not); 16 rows and 12 (a padding part of
 // the row tile) at D = 128, 16 at D = 64, one n-tile (8 rows at D = 128, 4 at D = 256), and the
 // tile pool's blocks of 16 and of 8 warps (forced); f16 and bf16; each on the tensor cores, held to
-// the reference.
+// the reference; and D = 512 (the d-split kernels, 4 rows in a tile of 8; sm_90a).
 TEST(CudaAttention, QueryRowsAtAnyAlignment) {
   QSDPA_REQUIRE_CUDA();
   struct Shape {
@@ -752,9 +752,10 @@ TEST(CudaAttention, QueryRowsAtAnyAlignment) {
   uint64_t seed = 7100;
   for (DType t : {DType::f16, DType::bf16})
     for (Shape sh : {Shape{128, 4, 1, 64}, Shape{128, 3, 1, 64}, Shape{64, 4, 1, 32}, Shape{128, 2, 1, 64},
-                     Shape{256, 1, 1, 64}, Shape{128, 1, 2, 64}, Shape{128, 2, 3, 64}})
+                     Shape{256, 1, 1, 64}, Shape{128, 1, 2, 64}, Shape{128, 2, 3, 64}, Shape{512, 1, 1, 64}})
       for (int how = 0; how < 2; ++how) {
-        if (sh.pool > 1 && !device_takes_sm90a_kernels()) continue;  // (the pool's kernels are sm_90a's)
+        // (the pool's kernels and D = 512 on the tensor cores are sm_90a's)
+        if ((sh.pool > 1 || sh.D == 512) && !device_takes_sm90a_kernels()) continue;
         cuda::set_block_pool(sh.pool);
         Case c;
         c.dtype = t, c.kf = c.vf = {4, sh.group}, c.D = sh.D;
