@@ -265,10 +265,13 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows, int lc) {
 }
 
 constexpr bool kOneRound = QSDPA_COMBINE_ONE_ROUND != 0;
-// Rows of D > 128 merged in slices of 128 head dims, a block per (row, slice), with 8 groups of one
-// warp, where a call has few rows of many splits (W > 1 below, no arrivals): at D = 512, B=4 Hq=16
-// (64 rows of 43 splits), the one block per row of 512 threads ran 5-6 us after the attention grid
-// had ended (H200 trace, 2026-12-04, run 82), on 64 of the 132 SMs. 0: one block per row.
+// Rows of D = 512 merged in 4 slices of 128 head dims, a block per (row, slice), with 8 groups of
+// one warp, where a call has few rows of many splits (W > 1 below, no arrivals): at D = 512, B=4
+// Hq=16 (64 rows of 32-43 splits), the one block per row of 512 threads ran 5-6 us after the
+// attention grid had ended (H200 trace, 2026-12-04, run 82), on 64 of the 132 SMs. Measured on an
+// H100 (2026-12-05, run 90, 3 rounds against 0 in the same run): D=512 4-bit 59.6 -> 59.0 us, 8-bit
+// 67.6 -> 67.0; in 2 slices, D=256 4-bit was slower, 39.3 -> 40.0 (8-bit 59.7 -> 59.6), so 1 (the
+// default) slices D = 512 only, 2 slices D = 256 as well, 0 keeps one block per row.
 #ifndef QSDPA_COMBINE_SLICES
 #define QSDPA_COMBINE_SLICES 1
 #endif
@@ -286,7 +289,7 @@ cudaError_t combine_launch(const AttnArgs& a, cudaStream_t s) {
   const bool few = a.num_splits > 4 && rows < 512;
   // slices of 128 head dims (QSDPA_COMBINE_SLICES): then a slice is one warp's 4 dims per lane
   const int lc = QSDPA_COMBINE_SLICES && few && !a.arrivals && lanes > 32 && a.D % 128 == 0
-                     ? (a.D == 256 ? 1 : a.D == 512 ? 2 : 0)
+                     ? (a.D == 512 ? 2 : a.D == 256 && QSDPA_COMBINE_SLICES == 2 ? 1 : 0)
                      : 0;
   const int lanes_s = lanes >> lc;
   const int W = !few ? 1 : lanes_s == 32 ? 8 : 4;
