@@ -209,6 +209,16 @@ constexpr int kMinBlocksWide = QSDPA_MMA_MIN_BLOCKS_WIDE;
 #define QSDPA_MMA_MIN_BLOCKS_DSPLIT 2
 #endif
 constexpr int kMinBlocksDSplit = QSDPA_MMA_MIN_BLOCKS_DSPLIT;
+// The d-split's copies of a tile (kDS > 1) in a branch of their own (-DQSDPA_MMA_DSPLIT_COPY=0: the
+// form before 2026-12-06, shared with the other kernels): a full tile's 4 scale copies per lane
+// without a test per token and at offsets known at compile time, the tile's addresses from a 32-bit
+// tile count. ncu source counters of D=512 4-bit (H100, run 91) had ~125 instructions per warp and
+// tile around its 12 copies (IMAD, ISETP, IADD3: 64-bit compares per token, selects, moves), ~20 %
+// of the kernel's instructions.
+#ifndef QSDPA_MMA_DSPLIT_COPY
+#define QSDPA_MMA_DSPLIT_COPY 1
+#endif
+constexpr bool kDSplitCopy = QSDPA_MMA_DSPLIT_COPY != 0;
 
 // Head dims per warp: D = 512 splits the head dims over the 4 warps of a block (kDS, "d-split"),
 // which then stream the same tiles, each its 128 dims of every row: the logits' partial sums meet
@@ -1023,6 +1033,30 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   auto issue = [&](int64_t it, int stage) {
     const int64_t left = te - (t_first + it * tile_step);
     const uint32_t sk = wring + uint32_t(stage * S::kStage), sv = sk + kTW * kRB, ss = sv + kTW * kRBV;
+    if constexpr (kDS > 1 && kDSplitCopy) {  // (d-split: kDSplitCopy above)
+      const uint64_t tiles = uint64_t(uint32_t(it));  // (it < 2^31: a split's tiles)
+      const uint8_t* pk = gk + tiles * uint32_t(tile_step * kRBG);
+      const uint8_t* pv = gv + tiles * uint32_t(tile_step * kRBGV);
+      const uint8_t* ps = gsc + tiles * uint32_t(tile_step * ngf * 2);
+      constexpr int kSB = 2 * kDW / (GC ? GC : 32);  // scale bytes of one token's part of the warp
+      const uint32_t sd = ss + uint32_t(sc_lane_arr * kSCB + sc_lane_k * kSB);
+      if (left >= kTW) {
+        copy_rows<kC, kRBG, true>(sk, so, pk, a.k_packed, lane, kTW);
+        copy_rows<kCV, kRBGV, true>(sv, sov, pv, a.v_packed, lane, kTW);
+#pragma unroll
+        for (int j = 0; j < kTW / 8; ++j) cp_async_small<kSB>(sd + uint32_t(8 * j * kSB), ps + 8 * j * ngf * 2, true);
+      } else {  // the last, partial tile: rows past the end are zero-filled, never read
+        const int lf = int(left);  // (0 < left < kTW)
+        copy_rows<kC, kRBG, false>(sk, so, pk, a.k_packed, lane, lf);
+        copy_rows<kCV, kRBGV, false>(sv, sov, pv, a.v_packed, lane, lf);
+#pragma unroll
+        for (int j = 0; j < kTW / 8; ++j) {
+          const bool in = sc_lane_k + 8 * j < lf;
+          cp_async_small<kSB>(sd + uint32_t(8 * j * kSB), in ? ps + 8 * j * ngf * 2 : a.k_scales, in);
+        }
+      }
+      return;
+    }
     const uint32_t sd = ss + uint32_t(sc_lane_arr * kSCB + sc_lane_k * 16);
     // The lane's first piece of the tile in K, V and its scale span (16-token pages: of rows 0..15,
     // and pk2, pv2, ps2 of rows 16..31)
