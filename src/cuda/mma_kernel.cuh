@@ -215,7 +215,7 @@ constexpr int kMinBlocksDSplit = QSDPA_MMA_MIN_BLOCKS_DSPLIT;
 // tile count. ncu source counters of D=512 4-bit (H100, run 91) had ~125 instructions per warp and
 // tile around its 12 copies (IMAD, ISETP, IADD3: 64-bit compares per token, selects, moves), ~20 %
 // of the kernel's instructions. Measured on an H200 (2026-12-06, run 92, 3 rounds against 0 in the
-// same run): 21.07 M -> 19.82 M warp instructions; D=512 4-bit 59.4 -> 58.2 us, 8-bit 62.4 -> 60.3.
+// same run, medians): 21.07 M -> 19.82 M warp instructions; D=512 4-bit 59.5 -> 58.2 us, 8-bit 62.4 -> 60.4.
 #ifndef QSDPA_MMA_DSPLIT_COPY
 #define QSDPA_MMA_DSPLIT_COPY 1
 #endif
