@@ -99,9 +99,10 @@ def main():
             tend = [max(b[6] for b in v) for v in tiles.values()]
             nsm = "/".join(str(pct(tsm, q)) for q in (0, 10, 50, 90, 100))
             print(f"  row tiles' splits: end spread {five(tsp)}; SMs per row tile {nsm}; row tiles' end {five(tend)}")
-        # the combine kernel's blocks ([start, wait ended, end, sm], from the same origin): when
-        # they were placed, when their wait ended, and how long after the attention grid's last
-        # block the last of them ended
+        # the combine kernel's blocks ([start, wait ended, end, sm] and, from 2026-12-06 on, (m, l)
+        # reduced and summed; from the same origin; start: when the block was placed, before its
+        # wait, in traces from 2026-12-06 on, after it before): when they were placed, when their
+        # wait ended, and how long after the attention grid's last block the last of them ended
         cb = r.get("combine", [])
         if cb:
             cs = [c[0] for c in cb]
@@ -109,6 +110,17 @@ def main():
             ce = [c[2] for c in cb]
             print(f"  combine: {len(cb)} blocks; start {five(cs)} | wait ended {five(cw)} | end {five(ce)}; "
                   f"last end - attention's last end {(max(ce) - span) / 1000:.1f}")
+            steps = [c for c in cb if len(c) >= 6 and c[1] > 0 and c[4] >= c[1] and c[5] >= c[4]]
+            if steps:
+                per_sm = {}
+                for c in cb:
+                    per_sm[c[3]] = per_sm.get(c[3], 0) + 1
+                print(f"    wait ended -> (m, l) in and reduced {five([c[4] - c[1] for c in steps])}; "
+                      f"-> row summed {five([c[5] - c[4] for c in steps])}; -> end {five([c[2] - c[5] for c in steps])}")
+                for k in sorted(set(per_sm.values())):
+                    d = [c[2] - c[1] for c in steps if per_sm[c[3]] == k]
+                    if d:
+                        print(f"    {k} combine block(s) on the SM ({len(d)} blocks): wait ended -> end {five(d)}")
 
 
 if __name__ == "__main__":

@@ -114,7 +114,8 @@ Status error(StatusCode c, std::string msg) { return make_status(c, std::move(ms
 // from the earliest start (0: not recorded). Every other call only, so that each
 // traced call runs behind an untraced one, as calls do back to back.
 // (a header, the attention kernel's blocks, then the combine kernel's)
-constexpr size_t kTraceWords = size_t(cuda::kTraceCombineBase) + 4 * size_t(cuda::kTraceCombineBlocks);
+constexpr size_t kTraceWords =
+    size_t(cuda::kTraceCombineBase) + size_t(cuda::kTraceCombineWords) * size_t(cuda::kTraceCombineBlocks);
 struct Trace {
   unsigned long long* buf = nullptr;
   long calls = 0;
@@ -160,14 +161,17 @@ void trace_dump(const AttnArgs& a, cudaStream_t s) {
     std::fprintf(f, "]");
     first = false;
   }
-  // the combine kernel's blocks: [start, wait ended, end, sm] (none when the attention kernel merged)
+  // the combine kernel's blocks: [placed, wait ended, end, sm, (m, l) reduced, summed] (none when
+  // the attention kernel merged; a block placed before the earliest attention block's start is
+  // clamped to it)
   std::fprintf(f, "], \"combine\": [");
   first = true;
+  const auto since = [&](unsigned long long v) { return v > t0 ? v - t0 : 0ull; };
   for (int64_t i = 0; i < cuda::kTraceCombineBlocks; ++i) {
-    const unsigned long long* e = &h[size_t(cuda::kTraceCombineBase + 4 * i)];
-    if (!e[0] || e[0] < t0) continue;
-    std::fprintf(f, "%s[%llu, %llu, %llu, %llu]", first ? "" : ", ", e[0] - t0, e[1] ? e[1] - t0 : 0ull,
-                 e[2] - t0, e[3]);
+    const unsigned long long* e = &h[size_t(cuda::kTraceCombineBase + cuda::kTraceCombineWords * i)];
+    if (!e[0] || e[2] < t0) continue;
+    std::fprintf(f, "%s[%llu, %llu, %llu, %llu, %llu, %llu]", first ? "" : ", ", since(e[0]), since(e[1]),
+                 since(e[2]), e[3], since(e[4]), since(e[5]));
     first = false;
   }
   std::fprintf(f, "]}\n");

@@ -55,6 +55,12 @@ __device__ __forceinline__ void wait_count(const int* count, int target) {
 // LC: each row's head dims in 2^LC slices of D >> LC, a block per (row, slice) (combine_launch).
 template <int W, bool PRE>
 __global__ void combine_kernel(const AttnArgs a, int64_t rows, int lc) {
+#if QSDPA_MMA_TRACE
+  // (trace builds) when the block was placed: before its wait, which it may begin while the
+  // attention grid still runs
+  const unsigned long long tr_start = global_ns();
+  unsigned long long tr_loaded = 0ull, tr_summed = 0ull;
+#endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Launched as a programmatic dependent of the attention kernel (combine_launch): wait for it to
   // finish and its partials to be visible (A no-op when launched the ordinary way), unless its
@@ -64,9 +70,8 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows, int lc) {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 #if QSDPA_MMA_TRACE
-  // (trace builds) when the block started, when its wait ended (the grid's end, or its first row's
-  // row tile), and when it ended
-  const unsigned long long tr_start = global_ns();
+  // (trace builds) when its wait ended (the grid's end, or its first row's row tile), when its
+  // first row's (m, l) were in and reduced, when that row's sum was complete, and when it ended
   unsigned long long tr_waited = a.arrivals ? 0ull : global_ns();
 #endif
   constexpr int kLanes = W == 8 ? 32 : W == 4 ? 128 : 1;  // lanes of a group at most (groups 1..)
@@ -152,6 +157,9 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows, int lc) {
       }
     }
     warp_max_arg(mx, arg);
+#if QSDPA_MMA_TRACE
+    if (!tr_loaded) tr_loaded = global_ns();
+#endif
     float r[4] = {0.f, 0.f, 0.f, 0.f};
     float denom = 0.f;
     // one split's terms: its weight w times its l and its o
@@ -241,6 +249,9 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows, int lc) {
       }
       __syncthreads();  // (the next row's writes wait for these reads)
     }
+#if QSDPA_MMA_TRACE
+    if (!tr_summed) tr_summed = global_ns();
+#endif
     // (a.arrivals) the last of the row tile's rows sets its count back to 0 for the next call (which
     // waits for this kernel's end before it touches memory)
     if (a.arrivals && threadIdx.x == 0 && readers == tile_n - 1) a.arrivals[tile] = 0;
@@ -258,8 +269,8 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows, int lc) {
   if (threadIdx.x == 0 && a.trace && blockIdx.x < unsigned(kTraceCombineBlocks)) {
     unsigned smid;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-    unsigned long long* e = a.trace + kTraceCombineBase + 4 * blockIdx.x;
-    e[0] = tr_start, e[1] = tr_waited, e[2] = global_ns(), e[3] = smid;
+    unsigned long long* e = a.trace + kTraceCombineBase + kTraceCombineWords * blockIdx.x;
+    e[0] = tr_start, e[1] = tr_waited, e[2] = global_ns(), e[3] = smid, e[4] = tr_loaded, e[5] = tr_summed;
   }
 #endif
 }

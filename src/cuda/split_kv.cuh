@@ -151,10 +151,13 @@ struct AttnArgs {
 // grid): see AttnArgs::trace
 constexpr int kTraceBlockWords = 18;
 constexpr int64_t kTraceMaxBlocks = 1 << 16;
-// (trace builds) then the combine kernel's blocks (the first kTraceCombineBlocks), 4 u64 each from
-// kTraceCombineBase + 4 blockIdx.x: %globaltimer at its start, when its wait ended (the attention
-// grid's end, or with arrivals its first row's row tile), at its end, then its smid
+// (trace builds) then the combine kernel's blocks (the first kTraceCombineBlocks), kTraceCombineWords
+// u64 each from kTraceCombineBase + kTraceCombineWords blockIdx.x: %globaltimer when it was placed
+// (before its wait), when its wait ended (the attention grid's end, or with arrivals its first row's
+// row tile), at its end, then its smid, then (its first row) when the splits' (m, l) were in and
+// their max reduced, and when the row's sum was complete (before its store)
 constexpr int64_t kTraceCombineBlocks = 1 << 12;
+constexpr int64_t kTraceCombineWords = 6;
 constexpr int64_t kTraceCombineBase = 4 + kTraceBlockWords * kTraceMaxBlocks;
 
 // The tensor-core kernel's token tile (one warp's 32 tokens), and the warps of a block of its tile
