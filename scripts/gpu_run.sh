@@ -226,6 +226,10 @@ if [ "${QSDPA_GPU_NCU:-0}" = 1 ] && [ -x "$cli" ] && command -v ncu >/dev/null; 
     timeout "$(limit 60 20)" ncu --clock-control none -k regex:attention_kernel --launch-skip 20 --launch-count 1 \
       --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
       "$cli" bench --backend cuda --no-torch --B 1 --N 4096 --bits 4 --iters 20
+    echo "===== D=512 B=4 N=32768 4-bit: combine kernel, details ====="
+    timeout "$(limit 60 20)" ncu --clock-control none -k regex:combine_kernel --launch-skip 12 --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section LaunchStats \
+      "$cli" bench --backend cuda --no-torch --B 4 --Hq 16 --Hkv 1 --D 512 --N 32768 --bits 4 --iters 5
     echo "===== D=512 B=4 N=32768 4-bit: attention kernel, details ====="
     timeout "$(limit 60 20)" ncu --clock-control none -k regex:attention_kernel --launch-skip 12 --launch-count 1 \
       --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \

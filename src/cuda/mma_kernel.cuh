@@ -1035,17 +1035,19 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
     const int64_t left = te - (t_first + it * tile_step);
     const uint32_t sk = wring + uint32_t(stage * S::kStage), sv = sk + kTW * kRB, ss = sv + kTW * kRBV;
     if constexpr (kDS > 1 && kDSplitCopy) {  // (d-split: kDSplitCopy above)
+      // (the d-split's warps stream the same tiles: tile_step = kTW; ngf = D / GC)
+      static_assert(kTG == 1 && !kPl && GC != 0, "d-split: one tile group, no pool, a constant group");
       const uint64_t tiles = uint64_t(uint32_t(it));  // (it < 2^31: a split's tiles)
-      const uint8_t* pk = gk + tiles * uint32_t(tile_step * kRBG);
-      const uint8_t* pv = gv + tiles * uint32_t(tile_step * kRBGV);
-      const uint8_t* ps = gsc + tiles * uint32_t(tile_step * ngf * 2);
-      constexpr int kSB = 2 * kDW / (GC ? GC : 32);  // scale bytes of one token's part of the warp
+      const uint8_t* pk = gk + tiles * uint32_t(kTW * kRBG);
+      const uint8_t* pv = gv + tiles * uint32_t(kTW * kRBGV);
+      const uint8_t* ps = gsc + tiles * uint32_t(kTW * (D / GC) * 2);
+      constexpr int kSB = 2 * kDW / GC;  // scale bytes of one token's part of the warp
       const uint32_t sd = ss + uint32_t(sc_lane_arr * kSCB + sc_lane_k * kSB);
       if (left >= kTW) {
         copy_rows<kC, kRBG, true>(sk, so, pk, a.k_packed, lane, kTW);
         copy_rows<kCV, kRBGV, true>(sv, sov, pv, a.v_packed, lane, kTW);
 #pragma unroll
-        for (int j = 0; j < kTW / 8; ++j) cp_async_small<kSB>(sd + uint32_t(8 * j * kSB), ps + 8 * j * ngf * 2, true);
+        for (int j = 0; j < kTW / 8; ++j) cp_async_small<kSB>(sd + uint32_t(8 * j * kSB), ps + 8 * j * (D / GC) * 2, true);
       } else {  // the last, partial tile: rows past the end are zero-filled, never read
         const int lf = int(left);  // (0 < left < kTW)
         copy_rows<kC, kRBG, false>(sk, so, pk, a.k_packed, lane, lf);
@@ -1053,7 +1055,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
 #pragma unroll
         for (int j = 0; j < kTW / 8; ++j) {
           const bool in = sc_lane_k + 8 * j < lf;
-          cp_async_small<kSB>(sd + uint32_t(8 * j * kSB), in ? ps + 8 * j * ngf * 2 : a.k_scales, in);
+          cp_async_small<kSB>(sd + uint32_t(8 * j * kSB), in ? ps + 8 * j * (D / GC) * 2 : a.k_scales, in);
         }
       }
       return;
