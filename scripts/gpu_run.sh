@@ -7,13 +7,15 @@
 #   scripts/gpu_run.sh OUTDIR            # on the GPU machine, from anywhere
 #
 # Everything lands in OUTDIR: summary.txt, bench.json, with QSDPA_GPU_SERVING=1 serving.jsonl and
-# cpu.txt, with QSDPA_GPU_NCU=1 ncu.txt, with QSDPA_GPU_NCU_STALLS=1 ncu_stalls.txt (the warp
+# cpu.txt, with QSDPA_GPU_NCU=1 ncu.txt, with QSDPA_GPU_NCU_CACHE=1 ncu_cache.txt (D=512 and D=256
+# kernel durations with and without ncu's L2 flush), with QSDPA_GPU_NCU_STALLS=1 ncu_stalls.txt (the warp
 # states of the shapes that miss their targets), with QSDPA_GPU_TUNE tune.jsonl, and logs.tgz (build,
 # ctest, sanitizer, bench, nvidia-smi and the other logs, with QSDPA_GPU_NCU_SOURCE=1 also the executed
 # instructions per SASS line of the headline kernel, ncu_source.csv; QSDPA_GPU_PACK=0 leaves them
 # as plain files), with QSDPA_GPU_TRACE=1 trace.txt and traces.tgz (per-block timelines of a
 # -DQSDPA_MMA_TRACE=1 build on the bench's shapes). QSDPA_GPU_CUDA_FLAGS builds the main build (and
-# so the tests) with knobs; QSDPA_GPU_CTEST_REGEX / QSDPA_GPU_CTEST_REST=0 narrow the tests. Each
+# so the tests) with knobs; QSDPA_GPU_CTEST_REGEX / QSDPA_GPU_CTEST_REST=0 narrow the tests;
+# QSDPA_GPU_SANITIZE=0 skips compute-sanitizer (timing-only runs). Each
 # step has a time limit taken from what is left of QSDPA_GPU_BUDGET seconds (default 450), so the
 # run ends in time and summary.txt always says what ran and what did not. scripts/gpu_mutants.sh
 # runs after it, in the same build folder.
@@ -112,7 +114,9 @@ san="$out/sanitizer.log"
 : >"$san"
 bin="$build/tests/test_cuda_attention"
 qbin="$build/tests/test_cuda_quantize"
-if command -v compute-sanitizer >/dev/null && [ -x "$bin" ]; then
+if [ "${QSDPA_GPU_SANITIZE:-1}" = 0 ]; then
+  say "compute-sanitizer: not run (QSDPA_GPU_SANITIZE=0: a timing-only run)"
+elif command -v compute-sanitizer >/dev/null && [ -x "$bin" ]; then
   for tool in memcheck racecheck initcheck; do
     t0=$(elapsed)
     echo "===== $tool =====" >>"$san"
@@ -241,6 +245,32 @@ if [ "${QSDPA_GPU_NCU:-0}" = 1 ] && [ -x "$cli" ] && command -v ncu >/dev/null; 
       "$cli" bench --backend cuda --no-torch --B 8 --N 32768 --bits 4 --iters 5
   } >"$out/ncu.txt" 2>&1
   say "ncu: rc $? in $(($(elapsed) - t0)) s"
+fi
+
+# ---- per-kernel durations with and without ncu's cache flush (QSDPA_GPU_NCU_CACHE=1): the D=512
+# and D=256 4-bit calls' two kernels, for the main build and each tuning variant, each kernel once
+# with --cache-control all (L2 flushed before it: code and partials come from DRAM) and once with
+# none (the L2 as the previous kernel left it), in ncu_cache.txt: whether the combine's tail is
+# its code's and partials' fetch (PERF.md, run 93) ------------------------------------------------
+if [ "${QSDPA_GPU_NCU_CACHE:-0}" = 1 ] && [ -x "$cli" ] && command -v ncu >/dev/null; then
+  t0=$(elapsed)
+  {
+    for v in base ${QSDPA_GPU_NCU_CACHE_VARIANTS:-}; do
+      vbin="$cli"
+      [ "$v" != base ] && vbin="build-tune-$v/tools/qsdpa"
+      [ -x "$vbin" ] || { echo "===== $v: $vbin missing"; continue; }
+      for shape in "--B 4 --Hq 16 --Hkv 1 --D 512 --N 32768" "--B 4 --Hq 16 --Hkv 2 --D 256 --N 32768"; do
+        for cc in all none; do
+          echo "===== $v: $shape 4-bit, --cache-control $cc ====="
+          timeout "$(limit 40 20)" ncu --clock-control none --cache-control $cc \
+            -k regex:'attention_kernel|combine_kernel' --launch-skip 20 --launch-count 6 \
+            --metrics gpu__time_duration.sum "$vbin" bench --backend cuda --no-torch $shape --bits 4 --iters 20 |
+            grep -E 'attention_kernel|combine_kernel|gpu__time_duration|Error|error'
+        done
+      done
+    done
+  } >"$out/ncu_cache.txt" 2>&1
+  say "ncu cache-control: rc $? in $(($(elapsed) - t0)) s"
 fi
 
 # ---- executed instructions and stall samples per SASS line of the attention kernel
