@@ -56,6 +56,23 @@ bool fixed_group(const AttnArgs& a, int kind) {
          kind != mmak::kAny;
 }
 
+// Whether the D = 512 kernel with the rows on the mma's M dimension (mma_rowsm.cuh) takes `a`:
+// f16, 4- or 8-bit keys and values of one width, groups of 64 as a constant, contiguous caches
+// (the d-split's kContigWide), and 9 to 16 query rows per KV head (one block of 16 rows; 8 or fewer
+// rows run the d-split kernel, whose one block of 8 rows already unpacks each code once).
+// QSDPA_MMA_ROWSM=0 at build time: never.
+bool rowsm_fits(const AttnArgs& a) {
+#ifndef QSDPA_MMA_ROWSM
+#define QSDPA_MMA_ROWSM 1
+#endif
+  const int64_t R = a.Hkv > 0 ? a.Hq / a.Hkv * a.Lq : 0;
+  return QSDPA_MMA_ROWSM && a.dtype == kF16 && a.D == 512 && a.k_bits == a.v_bits && (a.k_bits == 4 || a.k_bits == 8) &&
+         layout_kind(a) == mmak::kContigWide && fixed_group(a, mmak::kContigWide) && R > 8 && R <= 16;
+}
+
+// Query rows per row tile of the kernel that runs `a`.
+int tile_rows_of(const AttnArgs& a) { return rowsm_fits(a) ? 16 : 8 * n_tiles(a); }
+
 // Calls fn.template operator()<GC>() with the group-size parameter of the instantiation that reads
 // `a` with the layout `kind` (fixed_group; the constant-group ones exist only with QSDPA_HAVE_G64).
 template <class Fn>
@@ -148,11 +165,13 @@ bool mma_supports(const AttnArgs& a) {
 int mma_token_tile(const AttnArgs&) { return mmak::kBlockTokens; }
 
 int64_t mma_row_tiles(const AttnArgs& a) {
-  const int64_t rows = a.Hq / a.Hkv * a.Lq, per = 8 * n_tiles(a);
+  const int64_t rows = a.Hq / a.Hkv * a.Lq, per = tile_rows_of(a);
   return (rows + per - 1) / per;
 }
 
-int mma_tile_rows(const AttnArgs& a) { return 8 * n_tiles(a); }
+int mma_tile_rows(const AttnArgs& a) { return tile_rows_of(a); }
+
+bool mma_rowsm(const AttnArgs& a) { return mma_supports(a) && rowsm_fits(a); }
 
 int mma_layout_kind(const AttnArgs& a) { return mma_supports(a) ? layout_kind(a) : -1; }
 
@@ -167,6 +186,9 @@ int mma_max_clusters(const AttnArgs& a, int splits) {
 
 int mma_blocks_per_sm(const AttnArgs& a) {
   if (!mma_supports(a)) return 1;
+#if QSDPA_HAVE_G64
+  if (rowsm_fits(a)) return mmad::rowsm_resident(a);
+#endif
   const int n = mixed(a) ? resident_for<true>(a) : resident_for<false>(a);
   return n > 0 ? n : 1;
 }
@@ -176,6 +198,9 @@ cudaError_t mma_launch(const AttnArgs& a, cudaStream_t s) {
       (a.pool && !pool_fits(a)) || a.pool < 0 || a.pool > 2 || (a.pool == 2 && a.cluster))
     return cudaErrorInvalidValue;
   if (a.num_splits <= 0 || a.B * a.Hkv == 0) return cudaSuccess;
+#if QSDPA_HAVE_G64
+  if (rowsm_fits(a)) return a.cluster ? cudaErrorInvalidValue : mmad::rowsm_launch(a, s);
+#endif
   return mixed(a) ? launch_for<true>(a, s) : launch_for<false>(a, s);
 }
 

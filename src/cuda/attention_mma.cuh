@@ -28,12 +28,17 @@ bool mma_fixed_group(const AttnArgs& a);
 // 4-bit keys and values, D = 128, at most 8 query rows per KV head.
 bool mma_pool_fits(const AttnArgs& a);
 
+// Whether `a` runs on the D = 512 kernel with the query rows on the mma's M dimension
+// (mma_rowsm.cuh: f16, 4- or 8-bit keys and values of one width, groups of 64 on sm_90a,
+// contiguous caches, 9 to 16 query rows per KV head, one block of 8 warps per 16 rows).
+bool mma_rowsm(const AttnArgs& a);
+
 // Token granularity of the splits: the dispatcher makes a.chunk a multiple of this.
 int mma_token_tile(const AttnArgs& a);
 
 // Blocks per (b * Hkv, split): the query-row tiles of the grid (1 while rep * Lq <= 16, D <= 128).
 int64_t mma_row_tiles(const AttnArgs& a);
-// Query rows of one of those row tiles (8 or 16).
+// Query rows of one of those row tiles (8 or 16; 16 for mma_rowsm).
 int mma_tile_rows(const AttnArgs& a);
 
 // Blocks of this kernel that one multiprocessor holds at once for this problem (occupancy). The

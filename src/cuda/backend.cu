@@ -913,6 +913,17 @@ bool qsdpa::cuda::uses_fixed_group(const AttentionParams& p, bool sm90a) {
 #endif
 }
 
+bool qsdpa::cuda::uses_rows_on_m(const AttentionParams& p, bool sm90a) {
+#if QSDPA_HAVE_MMA
+  qsdpa::cuda::AttnArgs a = detail::make_args(p);
+  a.sm90a = sm90a ? 1 : 0;
+  return cuda::mma_rowsm(a);
+#else
+  (void)p, (void)sm90a;
+  return false;
+#endif
+}
+
 bool qsdpa::cuda::fixed_group_build() { return QSDPA_HAVE_MMA && QSDPA_HAVE_G64; }
 
 int qsdpa::cuda::tensor_core_layout(const AttentionParams& p) {

@@ -60,6 +60,11 @@ int resident(const AttnArgs& a);
 template <int LAYOUT, bool MIXED, int GC>
 int cluster_ok(const AttnArgs& a, int splits);
 
+// The D = 512 kernel with the rows on the mma's M dimension (mma_rowsm.cuh; g64/, sm_90a alone):
+// its launch and its blocks per multiprocessor, for the calls attention_mma.cu's rowsm_fits takes.
+cudaError_t rowsm_launch(const AttnArgs& a, cudaStream_t s);
+int rowsm_resident(const AttnArgs& a);
+
 #define QSDPA_MMAD_EXTERN(L, M, G)                                             \
   extern template cudaError_t launch<L, M, G>(const AttnArgs&, cudaStream_t); \
   extern template int resident<L, M, G>(const AttnArgs&);                     \

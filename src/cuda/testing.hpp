@@ -68,5 +68,10 @@ int tensor_core_layout(const AttentionParams& p);
 // (fixed_group_build() false: no sm_90a among the CUDA architectures).
 bool uses_fixed_group(const AttentionParams& p, bool sm90a);
 bool fixed_group_build();
+// Whether the tensor-core kernel would run p on its D = 512 kernel with the query rows on the mma's
+// M dimension (mma_rowsm.cuh: f16, 4- or 8-bit keys and values of one width, groups of 64,
+// contiguous caches, 9 to 16 query rows per KV head), on a device that runs sm_90a code (sm90a) or
+// not; false when the build has no sm_90a.
+bool uses_rows_on_m(const AttentionParams& p, bool sm90a);
 
 }  // namespace qsdpa::cuda

@@ -730,6 +730,65 @@ TEST(CudaAttention, WideRowsManySplitsInKernelMerge) {
       }
 }
 
+// D = 512 with 9 to 16 query rows per KV head, f16, 4- and 8-bit: the kernel with the rows on the
+// mma's M dimension (mma_rowsm.cuh; sm_90a, else the generic kernel). 16, 12 and 9 rows (padding
+// rows in the block of 16), Lq = 4 and 3 (each row its own causal position), windows, u8 and u32
+// boolean masks, float masks, sinks, short caches (one split, a partial tile) and long ones (many
+// splits), and the three merges of the splits (the combine kernel, in the kernel, the combine
+// kernel with counted arrivals); each case is checked to take the kernel meant, then held to the
+// reference (and the generic kernel with it).
+TEST(CudaAttention, HeadDim512RowsOnM) {
+  QSDPA_REQUIRE_CUDA();
+  const bool want = device_takes_sm90a_kernels();
+  struct Rows {
+    int64_t Hq, Hkv, Lq;
+  };
+  uint64_t seed = 12000;
+  int n = 0;
+  for (int bits : {4, 8})
+    for (Rows r : {Rows{16, 1, 1}, Rows{12, 1, 1}, Rows{9, 1, 1}, Rows{8, 2, 4}, Rows{3, 1, 3}})
+      for (int var = 0; var < 3; ++var) {
+        Case c;
+        c.dtype = DType::f16;
+        c.kf = c.vf = {bits, 64};
+        c.B = 2, c.Hq = r.Hq, c.Hkv = r.Hkv, c.Lq = r.Lq, c.D = 512;
+        c.N = var == 0 ? 77 + 13 * n : var == 1 ? 1000 + n : 6000 + 7 * n;
+        c.sinks = n % 2 == 1;
+        c.window = n % 4 == 2 ? 300 : 0;
+        if (n % 5 == 1) c.bool_mask = MaskKind::u8;
+        if (n % 5 == 3) c.bool_mask = MaskKind::u32;
+        if (n % 5 == 4) c.float_mask = true;
+        c.seed = seed++;
+        ++n;
+        test::Problem h(c);
+        {
+          test::DeviceProblem d(h);
+          EXPECT_EQ(cuda::uses_rows_on_m(d.params(), true), cuda::fixed_group_build()) << c.str();
+          EXPECT_EQ(cuda::uses_tensor_cores(d.params()), want) << c.str();
+        }
+        EXPECT_EQ(test::run_cuda_case(c), "") << c.str();
+        if (var != 1) continue;
+        // the same case merged in the kernel, then by the combine kernel with counted arrivals
+        // (twice each: a counter left non-zero would spoil the second call)
+        for (int call = 0; call < 4; ++call) {
+          const bool in_kernel = call < 2;
+          const bool was = cuda::set_in_kernel_merge(in_kernel), was_arr = cuda::set_combine_arrivals(!in_kernel);
+          const int64_t loads = cuda::set_merge_max_loads(in_kernel ? int64_t(1) << 20 : 0);
+          if (want) {
+            test::DeviceProblem d(h);
+            EXPECT_EQ(cuda::uses_in_kernel_merge(d.params()), in_kernel) << c.str();
+            if (!in_kernel) EXPECT_EQ(cuda::uses_combine_arrivals(d.params()), sm90_or_newer()) << c.str();
+          }
+          const std::string e = run_problem(h, false);
+          cuda::set_in_kernel_merge(was);
+          cuda::set_combine_arrivals(was_arr);
+          cuda::set_merge_max_loads(loads);
+          EXPECT_EQ(e, "") << (in_kernel ? "in the kernel, call " : "counted arrivals, call ") << call << ": " << c.str();
+        }
+      }
+  EXPECT_EQ(n, 30);
+}
+
 // The query rows at any alignment. The kernels read them in 16-byte pieces where a piece's address
 // is 16-byte aligned and element by element where it is not (mma_kernel.cuh, kQVec: the two-n-tile
 // kernels and the 4-warp one-n-tile kernels; the tile pool's blocks read element by element):
@@ -933,6 +992,10 @@ TEST(CudaSanitize, Representative) {
   c = Case{};  // D = 512 on the tensor cores (sm_90a: the d-split's shared-memory exchange)
   c.dtype = DType::f16, c.kf = {8, 64}, c.vf = {4, 64}, c.B = 1, c.Hq = 16, c.Hkv = 1, c.N = 700, c.D = 512,
   c.sinks = true, c.bool_mask = MaskKind::u8;
+  cases.push_back(c);
+  c = Case{};  // D = 512 with the rows on the mma's M (sm_90a: 12 rows of 16, a partial last tile, a window)
+  c.dtype = DType::f16, c.kf = c.vf = {4, 64}, c.B = 2, c.Hq = 12, c.Hkv = 1, c.N = 1501, c.D = 512,
+  c.window = 700, c.float_mask = true;
   cases.push_back(c);
   c = Case{};  // a partial last tile whose scale span ends inside a 16-byte piece, at the buffers' end
   c.dtype = DType::bf16, c.kf = c.vf = {4, 64}, c.B = 2, c.Hq = 1, c.Hkv = 1, c.N = 33, c.D = 128, c.sinks = true;

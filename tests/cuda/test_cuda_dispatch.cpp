@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <tuple>
 
 #include "../../src/cuda/split_kv.cuh"
 #include "../../src/cuda/testing.hpp"
@@ -92,6 +93,44 @@ TEST(CudaDispatch, HeadDim512OnSm90aWithGroupsOf64) {
       }
     }
   EXPECT_EQ(n, cuda::fixed_group_build() ? 8 : 0);
+}
+
+TEST(CudaDispatch, HeadDim512RowsOnMTakesNineToSixteenRowsOfF16) {
+  // The D = 512 kernel with the rows on the mma's M dimension: f16, 4- or 8-bit keys and values of
+  // one width, groups of 64, contiguous caches, 9 to 16 query rows per KV head, sm_90a; the rest of
+  // D = 512 stays on the d-split kernel (or the generic one).
+  int n = 0;
+  for (DType t : {DType::f16, DType::bf16})
+    for (auto [kb, vb] : {std::pair{4, 4}, std::pair{8, 8}, std::pair{8, 4}, std::pair{2, 2}})
+      for (auto [hq, hkv, lq] : {std::tuple{16, 1, 1}, std::tuple{9, 1, 1}, std::tuple{8, 2, 4}, std::tuple{8, 1, 1},
+                                 std::tuple{16, 2, 1}, std::tuple{17, 1, 1}, std::tuple{6, 1, 3}}) {
+        AttentionParams p = problem(t, kb, vb, 64, 64, 512);
+        p.Hq = hq, p.Hkv = hkv, p.Lq = lq;
+        const int64_t rows = int64_t(hq) / hkv * lq;
+        const bool want = cuda::fixed_group_build() && t == DType::f16 && kb == vb && (kb == 4 || kb == 8) &&
+                          rows > 8 && rows <= 16;
+        EXPECT_EQ(cuda::uses_rows_on_m(p, true), want) << name(p) << " rows " << rows;
+        EXPECT_FALSE(cuda::uses_rows_on_m(p, false)) << name(p) << " rows " << rows;
+        EXPECT_EQ(cuda::uses_tensor_cores(p, true), cuda::fixed_group_build()) << name(p) << " rows " << rows;
+        n += want;
+        if (!want) continue;
+        AttentionParams q = p;  // groups of 32 or D = 256: not this kernel
+        q.k.format.group = q.v.format.group = 32;
+        EXPECT_FALSE(cuda::uses_rows_on_m(q, true)) << name(q);
+        q = p;
+        q.D = 256;
+        EXPECT_FALSE(cuda::uses_rows_on_m(q, true)) << name(q);
+        alignas(16) static int32_t table[2 * 256] = {};
+        CacheLayout pages;  // paged caches: not on the tensor cores at D = 512
+        pages.block_table = table;
+        pages.block_table_stride = 256;
+        pages.page_size = 64;
+        q = p;
+        q.k.layout = q.v.layout = pages;
+        EXPECT_FALSE(cuda::uses_rows_on_m(q, true)) << name(q) << " paged";
+      }
+  // (f16 4/4 and 8/8, each with 16, 9 and 16 (rep 4 x Lq 4) rows)
+  EXPECT_EQ(n, cuda::fixed_group_build() ? 2 * 3 : 0);
 }
 
 TEST(CudaDispatch, MisalignedCacheGoesToTheGenericKernel) {
