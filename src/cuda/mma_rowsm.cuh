@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(kRmWarps * 32, 2) rowsm_kernel(const __grid_co
     const int64_t lo = n - lq - a.window + 1;
     if (lo > tb) tb += (lo - tb) / kTW * kTW;
   }
-  const int ntiles = int((te - tb + kTW - 1) / kTW);  // (a split's tiles: chunk / 32 < 2^31)
+  const int ntiles = te > tb ? int((te - tb + kTW - 1) / kTW) : 0;  // (a split's tiles: chunk / 32 < 2^31)
 
   // ---- the warp's copy ring: its 64 dims of K and V, its group's scales and biases ----------
   const uint32_t wring = smem_addr(smem) + uint32_t(warp * STAGES * S::kStage);
