@@ -777,7 +777,9 @@ TEST(CudaAttention, HeadDim512RowsOnM) {
           if (want) {
             test::DeviceProblem d(h);
             EXPECT_EQ(cuda::uses_in_kernel_merge(d.params()), in_kernel) << c.str();
-            if (!in_kernel) EXPECT_EQ(cuda::uses_combine_arrivals(d.params()), sm90_or_newer()) << c.str();
+            if (!in_kernel) {
+              EXPECT_EQ(cuda::uses_combine_arrivals(d.params()), sm90_or_newer()) << c.str();
+            }
           }
           const std::string e = run_problem(h, false);
           cuda::set_in_kernel_merge(was);
