@@ -32,6 +32,9 @@ bool mma_pool_fits(const AttnArgs& a);
 // (mma_rowsm.cuh: f16, 4- or 8-bit keys and values of one width, groups of 64 on sm_90a,
 // contiguous caches, 9 to 16 query rows per KV head, one block of 8 warps per 16 rows).
 bool mma_rowsm(const AttnArgs& a);
+// Turns that kernel on or off for the whole process (QSDPA_MMA_ROWSM, QSDPA_ROWSM: the default);
+// returns the previous setting.
+bool mma_set_rowsm(bool on);
 
 // Token granularity of the splits: the dispatcher makes a.chunk a multiple of this.
 int mma_token_tile(const AttnArgs& a);

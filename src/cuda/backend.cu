@@ -924,6 +924,15 @@ bool qsdpa::cuda::uses_rows_on_m(const AttentionParams& p, bool sm90a) {
 #endif
 }
 
+bool qsdpa::cuda::set_rows_on_m(bool on) {
+#if QSDPA_HAVE_MMA
+  return cuda::mma_set_rowsm(on);
+#else
+  (void)on;
+  return false;
+#endif
+}
+
 bool qsdpa::cuda::fixed_group_build() { return QSDPA_HAVE_MMA && QSDPA_HAVE_G64; }
 
 int qsdpa::cuda::tensor_core_layout(const AttentionParams& p) {

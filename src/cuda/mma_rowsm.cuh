@@ -32,12 +32,6 @@
 
 namespace qsdpa::cuda::mmak {
 
-// Whether the host takes this kernel where it fits (attention_mma.cu, rowsm_fits): 1 (the
-// default), or 0 (D = 512 runs the d-split kernel alone; a tuning knob).
-#ifndef QSDPA_MMA_ROWSM
-#define QSDPA_MMA_ROWSM 1
-#endif
-
 constexpr int kRmWarps = 8;   // warps per block; warp w: head dims [64 w, 64 w + 64)
 constexpr int kRmRows = 16;   // query rows per block (the mma's M)
 constexpr int kRmD = 512, kRmDW = 64, kRmG = 64;

@@ -65,6 +65,14 @@ namespace qsdpa::cuda {
 #define QSDPA_MMA_ARRIVALS 1
 #endif
 
+// Whether the D = 512 kernel with the query rows on the mma's M dimension (mma_rowsm.cuh) runs
+// the calls it fits by default: 1, or 0 (they run the d-split kernel unless QSDPA_ROWSM=1 is in
+// the environment or cuda::set_rows_on_m turns it on). QSDPA_ROWSM=0 in the environment turns it
+// off in a build where it is on.
+#ifndef QSDPA_MMA_ROWSM
+#define QSDPA_MMA_ROWSM 1
+#endif
+
 struct AttnArgs {
   const void* q;
   const uint32_t* k_packed;

@@ -73,5 +73,9 @@ bool fixed_group_build();
 // contiguous caches, 9 to 16 query rows per KV head), on a device that runs sm_90a code (sm90a) or
 // not; false when the build has no sm_90a.
 bool uses_rows_on_m(const AttentionParams& p, bool sm90a);
+// Turns that kernel on or off for the whole process (the default: QSDPA_MMA_ROWSM at build time,
+// QSDPA_ROWSM=0 / 1 in the environment); returns the previous setting. Off, its calls run on the
+// d-split kernel.
+bool set_rows_on_m(bool on);
 
 }  // namespace qsdpa::cuda

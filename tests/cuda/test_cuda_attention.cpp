@@ -736,10 +736,15 @@ TEST(CudaAttention, WideRowsManySplitsInKernelMerge) {
 // boolean masks, float masks, sinks, short caches (one split, a partial tile) and long ones (many
 // splits), and the three merges of the splits (the combine kernel, in the kernel, the combine
 // kernel with counted arrivals); each case is checked to take the kernel meant, then held to the
-// reference (and the generic kernel with it).
+// reference (and the generic kernel with it). Then the 16-row cases again on the d-split kernel
+// (the kernel turned off), which the same calls took before.
 TEST(CudaAttention, HeadDim512RowsOnM) {
   QSDPA_REQUIRE_CUDA();
   const bool want = device_takes_sm90a_kernels();
+  struct On {  // (on whatever the build's default; restored when an assertion ends the test early)
+    bool was = cuda::set_rows_on_m(true);
+    ~On() { cuda::set_rows_on_m(was); }
+  } on;
   struct Rows {
     int64_t Hq, Hkv, Lq;
   };
@@ -789,6 +794,19 @@ TEST(CudaAttention, HeadDim512RowsOnM) {
         }
       }
   EXPECT_EQ(n, 30);
+  cuda::set_rows_on_m(false);
+  for (int bits : {4, 8}) {
+    Case c;
+    c.dtype = DType::f16, c.kf = c.vf = {bits, 64}, c.B = 2, c.Hq = 16, c.Hkv = 1, c.D = 512, c.N = 3001;
+    c.sinks = true, c.seed = seed++;
+    test::Problem h(c);
+    {
+      test::DeviceProblem d(h);
+      EXPECT_FALSE(cuda::uses_rows_on_m(d.params(), true)) << c.str();
+      EXPECT_EQ(cuda::uses_tensor_cores(d.params()), want) << c.str();
+    }
+    EXPECT_EQ(test::run_cuda_case(c), "") << "turned off: " << c.str();
+  }
 }
 
 // The query rows at any alignment. The kernels read them in 16-byte pieces where a piece's address

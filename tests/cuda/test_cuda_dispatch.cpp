@@ -98,7 +98,11 @@ TEST(CudaDispatch, HeadDim512OnSm90aWithGroupsOf64) {
 TEST(CudaDispatch, HeadDim512RowsOnMTakesNineToSixteenRowsOfF16) {
   // The D = 512 kernel with the rows on the mma's M dimension: f16, 4- or 8-bit keys and values of
   // one width, groups of 64, contiguous caches, 9 to 16 query rows per KV head, sm_90a; the rest of
-  // D = 512 stays on the d-split kernel (or the generic one).
+  // D = 512 stays on the d-split kernel (or the generic one). Turned off (set_rows_on_m), none.
+  struct On {
+    bool was = cuda::set_rows_on_m(true);
+    ~On() { cuda::set_rows_on_m(was); }
+  } on;
   int n = 0;
   for (DType t : {DType::f16, DType::bf16})
     for (auto [kb, vb] : {std::pair{4, 4}, std::pair{8, 8}, std::pair{8, 4}, std::pair{2, 2}})
@@ -114,6 +118,10 @@ TEST(CudaDispatch, HeadDim512RowsOnMTakesNineToSixteenRowsOfF16) {
         EXPECT_EQ(cuda::uses_tensor_cores(p, true), cuda::fixed_group_build()) << name(p) << " rows " << rows;
         n += want;
         if (!want) continue;
+        cuda::set_rows_on_m(false);
+        EXPECT_FALSE(cuda::uses_rows_on_m(p, true)) << name(p) << " turned off";
+        EXPECT_TRUE(cuda::uses_tensor_cores(p, true)) << name(p) << " turned off";
+        cuda::set_rows_on_m(true);
         AttentionParams q = p;  // groups of 32 or D = 256: not this kernel
         q.k.format.group = q.v.format.group = 32;
         EXPECT_FALSE(cuda::uses_rows_on_m(q, true)) << name(q);
