@@ -68,8 +68,9 @@ namespace qsdpa::cuda {
 // Whether the D = 512 kernel with the query rows on the mma's M dimension (mma_rowsm.cuh) runs
 // the calls it fits by default: 1, or 0 (they run the d-split kernel unless QSDPA_ROWSM=1 is in
 // the environment or cuda::set_rows_on_m turns it on). QSDPA_ROWSM=0 in the environment turns it
-// off in a build where it is on. 0 until a GPU run has held it to the tests (written 2026-12-06,
-// when no device machine could be started: never run yet).
+// off in a build where it is on. 0: it passes the tests, but was measured slower than the d-split
+// kernel (H100, 2026-12-06, run 94, 3 rounds in the same run: D=512 4-bit 74.1 against 57.7 us,
+// 8-bit 73.2 against 65.0; docs/PERF.md).
 #ifndef QSDPA_MMA_ROWSM
 #define QSDPA_MMA_ROWSM 0
 #endif
