@@ -1992,29 +1992,34 @@ inline cudaLaunchConfig_t launch_config(dim3 grid, int threads, int smem, cudaSt
   return cfg;
 }
 
+// The kernel's dynamic shared-memory opt-in (smem bytes) and the max-shared carveout, once per
+// device (devices 0..63, recorded in `opted`; others ask on every launch). The combine kernel
+// that follows asks for the same carveout (combine.cu): no switch of the L1 / shared split
+// between the two.
+template <class K>
+cudaError_t opt_in_once(K* kern, int smem, std::atomic<uint64_t>& opted) {
+  int dev = 0;
+  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
+  if (opted.load(std::memory_order_acquire) & bit) return cudaSuccess;
+  if (cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); e != cudaSuccess)
+    return e;
+  if (cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                           int(cudaSharedmemCarveoutMaxShared));
+      e != cudaSuccess)
+    return e;
+  opted.fetch_or(bit, std::memory_order_acq_rel);
+  return cudaSuccess;
+}
+
 // Launches one instantiation: grid (B * Hkv * query-row tiles of 8 * NT, num_splits).
 template <class T, int BITS, int VBITS, int D, int NT, bool KDEN, int STAGES, int LAYOUT, int GC>
 cudaError_t launch(const AttnArgs& a, cudaStream_t stream) {
   constexpr int W = warps_of(LAYOUT);
   using S = Shape<T, BITS, VBITS, D, NT, KDEN, STAGES, W>;
   auto* kern = attention_kernel<T, BITS, VBITS, D, NT, KDEN, STAGES, LAYOUT, GC>;
-  // The shared-memory opt-in, once per device (devices 0..63; others ask on every launch).
   static std::atomic<uint64_t> opted{0};
-  int dev = 0;
-  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
-  const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
-  if (!(opted.load(std::memory_order_acquire) & bit)) {
-    if (cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
-        e != cudaSuccess)
-      return e;
-    // The combine kernel that follows asks for the same carveout (combine.cu): no switch of the
-    // L1 / shared split between the two.
-    if (cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                             int(cudaSharedmemCarveoutMaxShared));
-        e != cudaSuccess)
-      return e;
-    opted.fetch_or(bit, std::memory_order_acq_rel);
-  }
+  if (cudaError_t e = opt_in_once(kern, S::kSmem, opted); e != cudaSuccess) return e;
   const int64_t R = a.Hq / a.Hkv * a.Lq, row_tiles = (R + S::kRT - 1) / S::kRT;
   if (a.B * a.Hkv * row_tiles > int64_t(INT32_MAX)) return cudaErrorInvalidValue;
   const dim3 grid(unsigned(a.B * a.Hkv * row_tiles), unsigned(a.num_splits), 1u);

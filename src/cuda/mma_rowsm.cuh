@@ -535,19 +535,7 @@ cudaError_t rowsm_launch(const AttnArgs& a, cudaStream_t stream) {
   using S = RmShape<BITS>;
   auto* kern = rowsm_kernel<BITS>;
   static std::atomic<uint64_t> opted{0};
-  int dev = 0;
-  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
-  const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
-  if (!(opted.load(std::memory_order_acquire) & bit)) {
-    if (cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
-        e != cudaSuccess)
-      return e;
-    if (cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                             int(cudaSharedmemCarveoutMaxShared));
-        e != cudaSuccess)
-      return e;
-    opted.fetch_or(bit, std::memory_order_acq_rel);
-  }
+  if (cudaError_t e = opt_in_once(kern, S::kSmem, opted); e != cudaSuccess) return e;
   const int64_t R = a.Hq / a.Hkv * a.Lq, row_tiles = (R + kRmRows - 1) / kRmRows;
   if (a.B * a.Hkv * row_tiles > int64_t(INT32_MAX)) return cudaErrorInvalidValue;
   const dim3 grid(unsigned(a.B * a.Hkv * row_tiles), unsigned(a.num_splits), 1u);
