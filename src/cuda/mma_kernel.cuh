@@ -148,6 +148,28 @@ __host__ __device__ constexpr uint32_t f16_pow2_bits(int k) {
   return k > 15 ? 0x7c00u : k >= -14 ? uint32_t(k + 15) << 10 : k >= -24 ? 1u << (k + 24) : 0u;
 }
 __host__ __device__ constexpr int f16_pow2_exp(uint32_t bits) { return int((bits >> 10) & 31u) - 15; }
+// kVFold: the warp's exponent e (vexp2, 2^e as an f16 pair) against a tile's value scales, of
+// which this lane saw the largest magnitude amax (f16 bits): when |s| 2^e reaches 2^7 in some
+// lane, or stays under 2^-6 in every lane, e moves so that the warp's max |s| 2^e lies in [4, 8)
+// (within e's range): it returns true and sets f, the factor of the accumulators.
+template <class Y>
+__device__ __forceinline__ bool vexp_track(uint32_t amax, uint32_t& vexp2, float& f) {
+  // (|s| 2^e as f16 bits against 2^7 and 2^-6; no move past the ends of e's range)
+  const uint32_t scaled = Y::mul2(amax, vexp2) & 0xffffu;
+  const bool big = scaled >= f16_pow2_bits(7) && vexp2 != f16_pow2_bits(kVExpMin) * 0x10001u;
+  const bool small = scaled < f16_pow2_bits(-6) && vexp2 != f16_pow2_bits(kVExpMax) * 0x10001u;
+  if (!(__any_sync(0xffffffffu, big) || __all_sync(0xffffffffu, small))) return false;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  const float mx = Y::to_f32(uint16_t(min(amax, 0x7bffu)));
+  int ex = 0;
+  if (mx > 0.0f) frexpf(mx, &ex);
+  const int en = mx > 0.0f ? max(kVExpMin, min(kVExpMax, 3 - ex)) : kVExpMax;
+  f = ldexpf(1.0f, en - f16_pow2_exp(vexp2));
+  vexp2 = f16_pow2_bits(en) * 0x10001u;
+  return true;
+}
+
 // The end of the block's token loop: the warps' states merge in shared memory, their o with the
 // head dims swizzled against bank conflicts (osw in the kernel). 0: unswizzled (the form before
 // 2026-12-02; a tuning knob). 2: the two-n-tile kernels too (their rows' o took 1.3 us (median;
@@ -1665,26 +1687,14 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
 #pragma unroll
       for (int j = 0; j < S::kNGW; ++j)
         if (j < ng) amax = max(amax, lds16(svs + uint32_t(2 * (lane + 32 * j))) & 0x7fffu);
-      // (|s| 2^e as f16 bits against 2^7 and 2^-6; no move past the ends of e's range)
-      const uint32_t scaled = Y::mul2(amax, vexp2) & 0xffffu;
-      const bool big = scaled >= f16_pow2_bits(7) && vexp2 != f16_pow2_bits(kVExpMin) * 0x10001u;
-      const bool small = scaled < f16_pow2_bits(-6) && vexp2 != f16_pow2_bits(kVExpMax) * 0x10001u;
-      if (__any_sync(0xffffffffu, big) || __all_sync(0xffffffffu, small)) {
-        // e such that the warp's max |s| 2^e lies in [4, 8): the accumulators' units follow
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-        const float mx = Y::to_f32(uint16_t(min(amax, 0x7bffu)));
-        int ex = 0;
-        if (mx > 0.0f) frexpf(mx, &ex);
-        const int en = mx > 0.0f ? max(kVExpMin, min(kVExpMax, 3 - ex)) : kVExpMax;
-        const float f = ldexpf(1.0f, en - f16_pow2_exp(vexp2));
+      // (e such that the warp's max |s| 2^e lies in [4, 8): the accumulators' units follow)
+      if (float f; vexp_track<Y>(amax, vexp2, f)) {
 #pragma unroll
         for (int dt = 0; dt < kKS; ++dt)
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) o[dt][nt][e] *= f;
-        vexp2 = f16_pow2_bits(en) * 0x10001u;
       }
     }
 

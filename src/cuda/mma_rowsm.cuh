@@ -432,24 +432,13 @@ __global__ void __launch_bounds__(kRmWarps * 32, 2) rowsm_kernel(const __grid_co
         zacc[0] *= ag, zacc[1] *= ag, zacc[2] *= ag8, zacc[3] *= ag8;
       }
     }
-    {  // kVFold: the tile's value scales against the warp's exponent (mma_kernel.cuh)
-      uint32_t amax = lds16(svs + uint32_t(lane * 4 + (warp & 1) * 2)) & 0x7fffu;
-      const uint32_t scaled = Y::mul2(amax, vexp2) & 0xffffu;
-      const bool big = scaled >= f16_pow2_bits(7) && vexp2 != f16_pow2_bits(kVExpMin) * 0x10001u;
-      const bool small = scaled < f16_pow2_bits(-6) && vexp2 != f16_pow2_bits(kVExpMax) * 0x10001u;
-      if (__any_sync(0xffffffffu, big) || __all_sync(0xffffffffu, small)) {
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) amax = max(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-        const float mx = Y::to_f32(uint16_t(min(amax, 0x7bffu)));
-        int ex = 0;
-        if (mx > 0.0f) frexpf(mx, &ex);
-        const int en = mx > 0.0f ? max(kVExpMin, min(kVExpMax, 3 - ex)) : kVExpMax;
-        const float fct = ldexpf(1.0f, en - f16_pow2_exp(vexp2));
+    {  // kVFold: the tile's value scales (this lane: token lane's) against the warp's exponent
+      const uint32_t amax = lds16(svs + uint32_t(lane * 4 + (warp & 1) * 2)) & 0x7fffu;
+      if (float fct; vexp_track<Y>(amax, vexp2, fct)) {
 #pragma unroll
         for (int nt = 0; nt < 2 * kKS; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) o[nt][e] *= fct;
-        vexp2 = f16_pow2_bits(en) * 0x10001u;
       }
     }
 #pragma unroll
