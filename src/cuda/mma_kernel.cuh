@@ -350,6 +350,17 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
   return v;
 }
 
+// Eight 16-bit elements from src: one 16-byte load where src is 16-byte aligned, else element by
+// element (the query rows' pieces, which q's strides may leave unaligned).
+__device__ __forceinline__ uint4 ldg_piece8(const uint16_t* src) {
+  if ((reinterpret_cast<uintptr_t>(src) & 15) == 0) return __ldg(reinterpret_cast<const uint4*>(src));
+  uint16_t e[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) e[j] = __ldg(src + j);
+  return make_uint4(e[0] | uint32_t(e[1]) << 16, e[2] | uint32_t(e[3]) << 16, e[4] | uint32_t(e[5]) << 16,
+                    e[6] | uint32_t(e[7]) << 16);
+}
+
 // The power of two e that a query row of largest magnitude amax is scaled by before it becomes an
 // mma operand (F::kPrescale formats: the row's top near 2^kT0; 0 for a zero or non-finite row).
 template <class F>
@@ -1215,16 +1226,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
       if constexpr (kQVec) {
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
         if (idx < kRT * D / kQE && lr < nrows) {
-          const uint16_t* src = q16 + (q_off(lr) + d);
-          if ((reinterpret_cast<uintptr_t>(src) & 15) == 0) {
-            v = __ldg(reinterpret_cast<const uint4*>(src));
-          } else {
-            uint16_t e[8];
-#pragma unroll
-            for (int j = 0; j < 8; ++j) e[j] = __ldg(src + j);
-            v = make_uint4(e[0] | uint32_t(e[1]) << 16, e[2] | uint32_t(e[3]) << 16, e[4] | uint32_t(e[5]) << 16,
-                           e[6] | uint32_t(e[7]) << 16);
-          }
+          v = ldg_piece8(q16 + (q_off(lr) + d));
         }
         const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll

@@ -197,18 +197,7 @@ __global__ void __launch_bounds__(kRmWarps * 32, 2) rowsm_kernel(const __grid_co
     const uint16_t* src = qlr < nrows ? q16 + (a.qmap.at(b, kvh * rep + hl, i) + qd0) : nullptr;
 #pragma unroll
     for (int k = 0; k < kDPT / 8; ++k) {
-      qv[k] = make_uint4(0u, 0u, 0u, 0u);
-      if (src) {
-        if ((reinterpret_cast<uintptr_t>(src + 8 * k) & 15) == 0) {
-          qv[k] = __ldg(reinterpret_cast<const uint4*>(src + 8 * k));
-        } else {
-          uint16_t e[8];
-#pragma unroll
-          for (int j = 0; j < 8; ++j) e[j] = __ldg(src + 8 * k + j);
-          qv[k] = make_uint4(e[0] | uint32_t(e[1]) << 16, e[2] | uint32_t(e[3]) << 16, e[4] | uint32_t(e[5]) << 16,
-                             e[6] | uint32_t(e[7]) << 16);
-        }
-      }
+      qv[k] = src ? ldg_piece8(src + 8 * k) : make_uint4(0u, 0u, 0u, 0u);
     }
   }
 #pragma unroll
