@@ -2,9 +2,7 @@
 // choice between its layout instantiations (mma_dispatch.cuh).
 #include "attention_mma.cuh"
 
-#include <atomic>
 #include <cstdint>
-#include <cstdlib>
 
 #include "mma_dispatch.cuh"
 #include "mma_kernel.cuh"
@@ -14,15 +12,6 @@ namespace {
 
 using mmad::n_tiles;
 constexpr int64_t kMaxRows = 64;  // query rows per KV head (rep * Lq)
-
-// The D = 512 kernel with the rows on M taken where it fits (rowsm_fits): QSDPA_MMA_ROWSM at build
-// time, QSDPA_ROWSM=0 / 1 in the environment over it, set_rows_on_m (a test hook) over both.
-bool rowsm_default() {
-  const char* e = std::getenv("QSDPA_ROWSM");
-  if (e && (e[0] == '0' || e[0] == '1') && e[1] == 0) return e[0] == '1';
-  return QSDPA_MMA_ROWSM != 0;
-}
-std::atomic<bool> g_rowsm{rowsm_default()};
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
@@ -71,10 +60,10 @@ bool fixed_group(const AttnArgs& a, int kind) {
 // f16, 4- or 8-bit keys and values of one width, groups of 64 as a constant, contiguous caches
 // (the d-split's kContigWide), and 9 to 16 query rows per KV head (one block of 16 rows; 8 or fewer
 // rows run the d-split kernel, whose one block of 8 rows already unpacks each code once); and
-// g_rowsm (QSDPA_MMA_ROWSM, QSDPA_ROWSM, set_rows_on_m).
+// a.rowsm (the process's setting, AttnArgs::rowsm).
 bool rowsm_fits(const AttnArgs& a) {
   const int64_t R = a.Hkv > 0 ? a.Hq / a.Hkv * a.Lq : 0;
-  return g_rowsm.load(std::memory_order_relaxed) && a.dtype == kF16 && a.D == 512 && a.k_bits == a.v_bits &&
+  return a.rowsm && a.dtype == kF16 && a.D == 512 && a.k_bits == a.v_bits &&
          (a.k_bits == 4 || a.k_bits == 8) && layout_kind(a) == mmak::kContigWide && fixed_group(a, mmak::kContigWide) &&
          R > 8 && R <= 16;
 }
@@ -181,8 +170,6 @@ int64_t mma_row_tiles(const AttnArgs& a) {
 int mma_tile_rows(const AttnArgs& a) { return tile_rows_of(a); }
 
 bool mma_rowsm(const AttnArgs& a) { return mma_supports(a) && rowsm_fits(a); }
-
-bool mma_set_rowsm(bool on) { return g_rowsm.exchange(on); }
 
 int mma_layout_kind(const AttnArgs& a) { return mma_supports(a) ? layout_kind(a) : -1; }
 

@@ -30,11 +30,9 @@ bool mma_pool_fits(const AttnArgs& a);
 
 // Whether `a` runs on the D = 512 kernel with the query rows on the mma's M dimension
 // (mma_rowsm.cuh: f16, 4- or 8-bit keys and values of one width, groups of 64 on sm_90a,
-// contiguous caches, 9 to 16 query rows per KV head, one block of 8 warps per 16 rows).
+// contiguous caches, 9 to 16 query rows per KV head, one block of 8 warps per 16 rows), when
+// a.rowsm asks for it.
 bool mma_rowsm(const AttnArgs& a);
-// Turns that kernel on or off for the whole process (QSDPA_MMA_ROWSM, QSDPA_ROWSM: the default);
-// returns the previous setting.
-bool mma_set_rowsm(bool on);
 
 // Token granularity of the splits: the dispatcher makes a.chunk a multiple of this.
 int mma_token_tile(const AttnArgs& a);

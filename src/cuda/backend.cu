@@ -79,6 +79,10 @@ int env_digit(const char* name, int most, int fallback) {
 // below). QSDPA_COMBINE_ARRIVALS=0/1 in the environment sets the start, cuda::set_combine_arrivals
 // (a test hook) any time.
 std::atomic<bool> g_combine_arrivals{env_digit("QSDPA_COMBINE_ARRIVALS", 1, 0) == 1};
+// Whether the calls that the D = 512 kernel with the rows on M fits run on it (AttnArgs::rowsm,
+// mma_rowsm.cuh): QSDPA_MMA_ROWSM at build time, QSDPA_ROWSM=0/1 in the environment over it,
+// cuda::set_rows_on_m (a test hook) any time.
+std::atomic<bool> g_rows_on_m{env_digit("QSDPA_ROWSM", 1, QSDPA_MMA_ROWSM != 0) == 1};
 // The tensor-core kernel's tile pool (AttnArgs::pool; pool_wanted below): 0 never, 1 (the
 // default) where the problem is large enough, 2 wherever it fits in blocks of 16 warps, 3 the same
 // in blocks of 8 (2 and 3: cuda::set_block_pool, a test hook). QSDPA_BLOCK_POOL=0..3 in the
@@ -283,6 +287,7 @@ struct Plan {
 
 AttnArgs make_args(const AttentionParams& p) {
   AttnArgs a{};
+  a.rowsm = g_rows_on_m.load(std::memory_order_relaxed) ? 1 : 0;
   a.q = p.q;
   a.k_packed = p.k.packed;
   a.k_scales = p.k.scales;
@@ -924,14 +929,7 @@ bool qsdpa::cuda::uses_rows_on_m(const AttentionParams& p, bool sm90a) {
 #endif
 }
 
-bool qsdpa::cuda::set_rows_on_m(bool on) {
-#if QSDPA_HAVE_MMA
-  return cuda::mma_set_rowsm(on);
-#else
-  (void)on;
-  return false;
-#endif
-}
+bool qsdpa::cuda::set_rows_on_m(bool on) { return detail::g_rows_on_m.exchange(on); }
 
 bool qsdpa::cuda::fixed_group_build() { return QSDPA_HAVE_MMA && QSDPA_HAVE_G64; }
 

@@ -215,11 +215,9 @@ __global__ void __launch_bounds__(kRmWarps * 32, 2) rowsm_kernel(const __grid_co
     }
     if (tid < kRT) {
       int i;
-      row_head(r0 + tid, Lq, i);
+      const int hl = row_head(r0 + tid, Lq, i);
       rpos[tid] = tid < nrows && i < lq ? n - lq + i : -1;
-      int ih;
-      const int hl = row_head(r0 + tid, Lq, ih);
-      rmrow[tid] = tid < nrows ? a.mmap.at(b, kvh * rep + hl, ih) : 0;
+      rmrow[tid] = tid < nrows ? a.mmap.at(b, kvh * rep + hl, i) : 0;
     }
     float amax = 0.0f;
 #pragma unroll
