@@ -93,6 +93,29 @@ __device__ __forceinline__ float2 ld_cluster_f32x2(uint32_t addr, uint32_t rank)
   return v;
 }
 
+// Shared-memory barrier objects (mbarrier, sm_80 and later): a phase completes when `count`
+// arrivals are in; an arrival releases the arriving thread's earlier shared-memory writes, a
+// completed wait acquires them. Waits name the phase by its parity (phases 0, 1, 2, ...: 0, 1, 0, ...).
+__device__ __forceinline__ void mbar_init(uint32_t addr, uint32_t count) {
+  asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t addr) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared.b64 st, [%0];\n}\n" ::"r"(addr) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t addr, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n.reg .pred done;\nMBAR_WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared.b64 done, [%0], %1;\n"
+      "@!done bra MBAR_WAIT_%=;\n}\n" ::"r"(addr), "r"(parity) : "memory");
+#else
+  asm volatile(
+      "{\n.reg .pred done;\nMBAR_WAIT_%=:\n"
+      "mbarrier.test_wait.parity.shared.b64 done, [%0], %1;\n"
+      "@!done bra MBAR_WAIT_%=;\n}\n" ::"r"(addr), "r"(parity) : "memory");
+#endif
+}
+
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_wait() {

@@ -45,6 +45,14 @@ constexpr int kRmD = 512, kRmDW = 64, kRmG = 64;
 // that two blocks fit a multiprocessor's shared memory.
 __host__ __device__ constexpr int rowsm_stages(int bits) { return bits == 4 ? 3 : 2; }
 
+// The loop's form: pipelined on shared-memory barrier objects (the next tile's logits while the
+// owners finish a tile's softmax; needs three ring stages: 4-bit), or two block barriers per tile.
+#ifndef QSDPA_MMA_ROWSM_PIPE
+#define QSDPA_MMA_ROWSM_PIPE 1
+#endif
+template <int BITS>
+constexpr bool kRmPipelined = QSDPA_MMA_ROWSM_PIPE != 0 && rowsm_stages(BITS) == 3;
+
 template <int BITS>
 struct RmShape {
   static constexpr int kStages = rowsm_stages(BITS);
@@ -62,11 +70,12 @@ struct RmShape {
   // [mt][c][g][4] (the A fragments of the value mma), the rows' rescale factors [16].
   static constexpr int kX = kRmWarps * 2 * 32 * 2 * 16;
   static constexpr int kP = 2 * 4 * 8 * 4 * 4;
-  static constexpr int kXch = kX + kP + kRmRows * 4;
+  static constexpr int kXch = 2 * (kX + kP + kRmRows * 4);  // two buffers (tile parity)
   static constexpr int kQf = kRmRows * kRmD * 4;  // the query rows' f32 copy (prologue), aliased
   static constexpr int kRegion = kQf > kXch ? kQf : kXch;
-  // then the rows' group sums [16][8], logit factors [16], positions [16] and mask rows [16]
-  static constexpr int kTail = kRmRows * kNGF * 4 + kRmRows * 4 + 2 * kRmRows * 8;
+  // then the rows' group sums [16][8], logit factors [16], positions [16] and mask rows [16], and
+  // the pipelined form's barrier objects (xbar[2], pbar[2])
+  static constexpr int kTail = kRmRows * kNGF * 4 + kRmRows * 4 + 2 * kRmRows * 8 + 4 * 8;
   static constexpr int kSmem = kPipe + kRegion + kTail;
   static_assert(kC >= 2 && (kC & (kC - 1)) == 0, "row pieces: a power of two, at least 2");
   static_assert(kPipe % 16 == 0 && kRegion % 16 == 0, "16-byte aligned regions");
@@ -122,6 +131,7 @@ __global__ void __launch_bounds__(kRmWarps * 32, 2) rowsm_kernel(const __grid_co
   float* rowc = qc + kRT * kNGF;                                      // [kRT] logit factor (log2 units)
   int64_t* rpos = reinterpret_cast<int64_t*>(rowc + kRT);             // [kRT] position (-1: none)
   int64_t* rmrow = rpos + kRT;                                        // [kRT] first mask element
+  const uint32_t xbar = smem_addr(rmrow + kRT), pbar = xbar + 16;       // [2] each (pipelined form)
   const auto qrow_of = [&](int lr) {
     int i;
     const int hl = row_head(r0 + lr, Lq, i);
@@ -201,7 +211,7 @@ __global__ void __launch_bounds__(kRmWarps * 32, 2) rowsm_kernel(const __grid_co
     }
   }
 #pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
+  for (int s = 0; s < (kRmPipelined<BITS> ? STAGES : STAGES - 1); ++s) {
     if (s < ntiles) issue(s, s);
     cp_commit();
   }
@@ -212,6 +222,10 @@ __global__ void __launch_bounds__(kRmWarps * 32, 2) rowsm_kernel(const __grid_co
       const uint32_t w4[4] = {qv[k].x, qv[k].y, qv[k].z, qv[k].w};
 #pragma unroll
       for (int j = 0; j < 8; ++j) f[8 * k + j] = Y::to_f32(uint16_t(w4[j >> 1] >> (16 * (j & 1))));
+    }
+    if (kRmPipelined<BITS> && tid == 0) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) mbar_init(xbar + uint32_t(8 * j), W * 32);  // (published by the barrier below)
     }
     if (tid < kRT) {
       int i;
@@ -263,17 +277,20 @@ __global__ void __launch_bounds__(kRmWarps * 32, 2) rowsm_kernel(const __grid_co
   const int64_t opos = rpos[orow], omrow = rmrow[orow];
   __syncthreads();  // (the query rows' copy becomes the exchange)
 
-  float4* xb = reinterpret_cast<float4*>(xq);  // [warp][row half][lane][2] (the pair's order by lane)
-  const uint32_t pbuf = smem_addr(xq) + uint32_t(S::kX);  // [mt][c][g][4] f16 pairs
-  float* alpha_s = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(xq) + S::kX + S::kP);  // [kRT]
+  // The exchange, two buffers by tile parity (the pipelined form below runs two tiles' steps at
+  // once): the warps' partial logits [warp][row half][lane][2] float4 (the pair's order by lane),
+  // P as f16 pairs [mt][c][g][4], the rows' rescale factors [16].
+  const uint32_t xch0 = smem_addr(xq);
+  constexpr uint32_t kXB = uint32_t(S::kX + S::kP + kRmRows * 4);  // one buffer
   // (the second float4 of a lane's pair first on odd groups of 4 lanes: no bank conflict)
   const int xsw = (lane >> 2) & 1;
   // the owner's reads: lane 4 (orow % 8) + oc of each warp, its row half orow / 8
   const int osrc = 4 * (orow & 7) + oc, oxsw = (osrc >> 2) & 1;
   const int oh = orow >> 3;
   // where the owner's p pair goes: [mt = ok][c = oc][g = orow % 8][2 hf + orow / 8]
-  const uint32_t pput = pbuf + uint32_t((((ok * 4 + oc) * 8 + (orow & 7)) * 4 + 2 * ohf + oh) * 4);
-  const uint32_t pget = pbuf + uint32_t(((c * 8 + g) * 4) * 4);  // + mt * 512
+  const uint32_t pput = uint32_t(S::kX) + uint32_t((((ok * 4 + oc) * 8 + (orow & 7)) * 4 + 2 * ohf + oh) * 4);
+  const uint32_t pget = uint32_t(S::kX) + uint32_t(((c * 8 + g) * 4) * 4);  // + mt * 512
+  constexpr uint32_t kAl = uint32_t(S::kX + S::kP);                       // the rescale factors
   const bool has_mask = a.bool_mask != nullptr || a.float_mask != nullptr;
   const int64_t minpos = lq < Lq ? -1 : n - lq;
   const uint32_t hsel = (warp & 1) ? 0x7632u : 0x5410u;  // the warp's group of a pair, two tokens
@@ -296,18 +313,10 @@ __global__ void __launch_bounds__(kRmWarps * 32, 2) rowsm_kernel(const __grid_co
   float zacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // Σ_t p_t z_t: rows g (0, 1), g + 8 (2, 3)
   uint32_t vexp2 = 0x3C003C00u;               // the warp's 2^e (kVFold), an f16 pair
 
-  int stage = 0;
-  for (int it = 0; it < ntiles; ++it, stage = stage + 1 == STAGES ? 0 : stage + 1) {
-    cp_wait<STAGES - 2>();
-    __syncwarp();
-    if (it + STAGES - 1 < ntiles) issue(it + STAGES - 1, stage == 0 ? STAGES - 1 : stage - 1);
-    cp_commit();
-    const int64_t t0 = tb + int64_t(it) * kTW;
-    const uint32_t sk = wring + uint32_t(stage * S::kStage), sv = sk + kTW * kRB, ss = sv + kTW * kRB;
-    const uint32_t skz = ss + kSC, svs = ss + 2 * kSC, svz = ss + 3 * kSC;
-
-    // ---- the warp's partial logits: 4 n-tiles of 8 tokens x 16 rows ------------------------
-    float acc[4][4];
+  // ---- step A: the warp's partial logits of tile `it` (ring slot `slot`) into buffer `xo` --------
+  const auto step_logits = [&](int slot, uint32_t xo) {
+    const uint32_t sk = wring + uint32_t(slot * S::kStage), ss = sk + 2 * kTW * kRB, skz = ss + kSC;
+    float acc[4][4];  // 4 n-tiles of 8 tokens x 16 rows
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
@@ -345,74 +354,76 @@ __global__ void __launch_bounds__(kRmWarps * 32, 2) rowsm_kernel(const __grid_co
       sc[j][2] = fmaf(s0, acc[j][2], z0 * qk_g8);
       sc[j][3] = fmaf(s1, acc[j][3], z1 * qk_g8);
     }
-    {
-      float4* mine = xb + (warp * 2) * 64 + lane * 2;
+    float4* mine = reinterpret_cast<float4*>(reinterpret_cast<uint8_t*>(xq) + (xo - xch0)) + (warp * 2) * 64 + lane * 2;
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+    for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int k = 0; k < 2; ++k)
-          mine[h * 64 + (k ^ xsw)] =
-              make_float4(sc[2 * k][2 * h], sc[2 * k][2 * h + 1], sc[2 * k + 1][2 * h], sc[2 * k + 1][2 * h + 1]);
-    }
-    __syncthreads();
+      for (int k = 0; k < 2; ++k)
+        mine[h * 64 + (k ^ xsw)] =
+            make_float4(sc[2 * k][2 * h], sc[2 * k][2 * h + 1], sc[2 * k + 1][2 * h], sc[2 * k + 1][2 * h + 1]);
+  };
 
-    // ---- the owned row's logits (2 per lane) and its online softmax -------------------------
-    {
-      float v0 = 0.0f, v1 = 0.0f;
-      const float* src = reinterpret_cast<const float*>(xb) + ((oh * 32 + osrc) * 2 + (ok ^ oxsw)) * 4 + 2 * ohf;
+  // ---- step B: the owned row's logits (2 per lane) of tile `it` and its online softmax ----------
+  const auto step_softmax = [&](int it, uint32_t xo) {
+    const int64_t t0 = tb + int64_t(it) * kTW;
+    float v0 = 0.0f, v1 = 0.0f;
+    const float* src = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(xq) + (xo - xch0)) + ((oh * 32 + osrc) * 2 + (ok ^ oxsw)) * 4 + 2 * ohf;
 #pragma unroll
-      for (int w2 = 0; w2 < W; ++w2) {  // (the same order in every run: deterministic)
-        const float2 v = *reinterpret_cast<const float2*>(src + w2 * 2 * 64 * 4);
-        v0 += v.x, v1 += v.y;
-      }
-      float y0 = fmaf(v0, ocrow, -mb), y1 = fmaf(v1, ocrow, -mb);
-      const bool fast = !has_mask && t0 + kTW <= te && t0 + kTW - 1 <= minpos && (a.window == 0 || t0 >= n - a.window);
-      if (!fast) {  // partial tile, causal or window edge, or masks: per element
-        const int64_t tok0 = t0 + 8 * (2 * ok + ohf) + 2 * oc;
+    for (int w2 = 0; w2 < W; ++w2) {  // (the same order in every run: deterministic)
+      const float2 v = *reinterpret_cast<const float2*>(src + w2 * 2 * 64 * 4);
+      v0 += v.x, v1 += v.y;
+    }
+    float y0 = fmaf(v0, ocrow, -mb), y1 = fmaf(v1, ocrow, -mb);
+    const bool fast = !has_mask && t0 + kTW <= te && t0 + kTW - 1 <= minpos && (a.window == 0 || t0 >= n - a.window);
+    if (!fast) {  // partial tile, causal or window edge, or masks: per element
+      const int64_t tok0 = t0 + 8 * (2 * ok + ohf) + 2 * oc;
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int64_t tok = tok0 + e;
-          bool vis = tok < te && tok <= opos && (a.window == 0 || tok > opos - a.window);
-          float& y = e ? y1 : y0;
-          if (vis && has_mask) {
-            const int64_t mi = omrow + tok;
-            if (a.bool_mask)
-              vis = a.bool_mask_u32 ? static_cast<const uint32_t*>(a.bool_mask)[mi] != 0u
-                                    : static_cast<const uint8_t*>(a.bool_mask)[mi] != 0;
-            if (vis && a.float_mask) {
-              const float fm = Y::to_f32(static_cast<const uint16_t*>(a.float_mask)[mi]);
-              if (fm == -INFINITY) vis = false;
-              else y = fmaf(fm, kLog2e, y);
-            }
+      for (int e = 0; e < 2; ++e) {
+        const int64_t tok = tok0 + e;
+        bool vis = tok < te && tok <= opos && (a.window == 0 || tok > opos - a.window);
+        float& y = e ? y1 : y0;
+        if (vis && has_mask) {
+          const int64_t mi = omrow + tok;
+          if (a.bool_mask)
+            vis = a.bool_mask_u32 ? static_cast<const uint32_t*>(a.bool_mask)[mi] != 0u
+                                  : static_cast<const uint8_t*>(a.bool_mask)[mi] != 0;
+          if (vis && a.float_mask) {
+            const float fm = Y::to_f32(static_cast<const uint16_t*>(a.float_mask)[mi]);
+            if (fm == -INFINITY) vis = false;
+            else y = fmaf(fm, kLog2e, y);
           }
-          if (!vis) y = -INFINITY;
         }
+        if (!vis) y = -INFINITY;
       }
-      float al = 1.0f;
-      if (__any_sync(0xffffffffu, y0 > thr || y1 > thr)) {  // a new maximum: move the reference
-        float mx = fmaxf(y0, y1);
-#pragma unroll
-        for (int off = 1; off < 16; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-        const float xa = mx + mb;
-        if (xa > m) {
-          al = m == -INFINITY ? 0.0f : ex2(m - xa);
-          const float dl = xa - mb;
-          y0 -= dl, y1 -= dl;
-          lsum *= al;
-          m = mb = xa;
-          thr = kTau;
-        }
-      }
-      const float p0 = ex2(y0), p1 = ex2(y1);
-      lsum += p0 + p1;
-      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(pput), "r"(Y::pack(p0, p1)) : "memory");
-      if (ol == 0) alpha_s[orow] = al;
     }
-    __syncthreads();
+    float al = 1.0f;
+    if (__any_sync(0xffffffffu, y0 > thr || y1 > thr)) {  // a new maximum: move the reference
+      float mx = fmaxf(y0, y1);
+#pragma unroll
+      for (int off = 1; off < 16; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      const float xa = mx + mb;
+      if (xa > m) {
+        al = m == -INFINITY ? 0.0f : ex2(m - xa);
+        const float dl = xa - mb;
+        y0 -= dl, y1 -= dl;
+        lsum *= al;
+        m = mb = xa;
+        thr = kTau;
+      }
+    }
+    const float p0 = ex2(y0), p1 = ex2(y1);
+    lsum += p0 + p1;
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(xo + pput), "r"(Y::pack(p0, p1)) : "memory");
+    if (ol == 0) asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(xo + kAl + uint32_t(orow * 4)), "f"(al) : "memory");
+  };
 
-    // ---- O += P V for the warp's 64 dims ------------------------------------------------------
+  // ---- step C: O += P V for the warp's 64 dims, tile in ring slot `slot`, P in buffer `xo` ------
+  const auto step_values = [&](int slot, uint32_t xo) {
+    const uint32_t sv = wring + uint32_t(slot * S::kStage) + kTW * kRB, svs = sv + kTW * kRB + 2 * kSC, svz = svs + kSC;
     {
-      const float ag = alpha_s[g], ag8 = alpha_s[g + 8];
+      float ag, ag8;
+      asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(ag) : "r"(xo + kAl + uint32_t(g * 4)) : "memory");
+      asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(ag8) : "r"(xo + kAl + uint32_t(g * 4 + 32)) : "memory");
       if (__any_sync(0xffffffffu, ag != 1.0f || ag8 != 1.0f)) {
 #pragma unroll
         for (int nt = 0; nt < 2 * kKS; ++nt) o[nt][0] *= ag, o[nt][1] *= ag, o[nt][2] *= ag8, o[nt][3] *= ag8;
@@ -430,7 +441,7 @@ __global__ void __launch_bounds__(kRmWarps * 32, 2) rowsm_kernel(const __grid_co
     }
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
-      const uint4 pw = lds128(pget + uint32_t(mt * 512));  // P rows g, g + 8, tokens 2c (+1), 2c + 8 (+9)
+      const uint4 pw = lds128(xo + pget + uint32_t(mt * 512));  // P rows g, g + 8, tokens 2c (+1), 2c + 8 (+9)
       const uint32_t ap[4] = {pw.x, pw.y, pw.z, pw.w};
       const uint32_t tl = uint32_t((16 * mt + 2 * c) * 4), th = tl + 32;
       const uint2 sl = lds64(svs + tl), sh = lds64(svs + th), zl = lds64(svz + tl), zh = lds64(svz + th);
@@ -462,6 +473,61 @@ __global__ void __launch_bounds__(kRmWarps * 32, 2) rowsm_kernel(const __grid_co
           }
         }
       }
+    }
+  };
+
+  if constexpr (kRmPipelined<BITS>) {
+    // Pipelined: a warp runs tile it + 1's logits between its softmax step of tile it and the
+    // wait for every owner's P of tile it, and the block's warps meet on shared-memory barrier
+    // objects (xbar: every thread's partial logits of a tile are in; pbar: every row's p), so a
+    // warp never idles at a barrier with work of its own left. Ring slots: tile it (its values),
+    // it + 1 (its keys, in use) and it + 2 (in flight): three stages. Reuse of a buffer (tile
+    // parity) is safe: a warp writes tile it + 2's logits after its wait on tile it + 1's xbar,
+    // which every thread passes only after its softmax step of tile it; it writes tile it + 2's P
+    // after the wait on tile it + 2's xbar, which every thread passes only after its values step
+    // of tile it. The same order keeps each barrier's phase from running ahead of its waiters.
+    static_assert(STAGES == 3, "the pipelined form: three ring stages");
+    int sa = 0, sv = 0;  // ring slots of the next logits step and of the values step
+    if (ntiles > 0) {
+      cp_wait<STAGES - 1>();
+      __syncwarp();
+      step_logits(sa, xch0);
+      mbar_arrive(xbar);
+      sa = 1;
+    }
+    for (int it = 0; it < ntiles; ++it) {
+      const uint32_t xo = xch0 + uint32_t(it & 1) * kXB, ph = uint32_t(it >> 1) & 1u;
+      mbar_wait(xbar + uint32_t(it & 1) * 8, ph);
+      step_softmax(it, xo);
+      mbar_arrive(pbar + uint32_t(it & 1) * 8);
+      if (it + 1 < ntiles) {
+        cp_wait<STAGES - 2>();
+        __syncwarp();
+        step_logits(sa, xch0 + uint32_t((it + 1) & 1) * kXB);
+        mbar_arrive(xbar + uint32_t((it + 1) & 1) * 8);
+        sa = sa + 1 == STAGES ? 0 : sa + 1;
+      }
+      mbar_wait(pbar + uint32_t(it & 1) * 8, ph);
+      step_values(sv, xo);
+      __syncwarp();  // (every lane's reads of the slot are done before it is refilled)
+      if (it + STAGES < ntiles) issue(it + STAGES, sv);
+      cp_commit();
+      sv = sv + 1 == STAGES ? 0 : sv + 1;
+    }
+  } else {
+    // Two block barriers per tile (8-bit: two stages of 4.5 KB per warp leave no third for the
+    // pipelined form within two blocks per multiprocessor).
+    int stage = 0;
+    for (int it = 0; it < ntiles; ++it, stage = stage + 1 == STAGES ? 0 : stage + 1) {
+      cp_wait<STAGES - 2>();
+      __syncwarp();
+      if (it + STAGES - 1 < ntiles) issue(it + STAGES - 1, stage == 0 ? STAGES - 1 : stage - 1);
+      cp_commit();
+      step_logits(stage, xch0);
+      __syncthreads();
+      step_softmax(it, xch0);
+      __syncthreads();
+      step_values(stage, xch0);
     }
   }
 #if QSDPA_MMA_TRACE
