@@ -53,6 +53,16 @@ __device__ __forceinline__ void wait_count(const int* count, int target) {
 // (2026-12-04, run 86, against the two-round form in the same run): D=512 4-bit 65.8 -> 67.8 us,
 // 8-bit 69.3 -> 74.0 with it; the two-round kernel there takes 72 registers.
 // LC: each row's head dims in 2^LC slices of D >> LC, a block per (row, slice) (combine_launch).
+// The first 64 splits' (m, l) of a row read once per block of groups (QSDPA_COMBINE_SHARED_ML,
+// default 1; 0: by every warp). Run 97's trace (H100, D = 512 4-bit, 2026-12-06): from the end of
+// the combine blocks' wait until their first row's (m, l) were in and reduced, 3.4-3.9 us of the
+// 4.9 us a block took after its wait, for one round of loads that every warp of every block issued
+// at once (8 warps x 4 scattered loads per block).
+#ifndef QSDPA_COMBINE_SHARED_ML
+#define QSDPA_COMBINE_SHARED_ML 1
+#endif
+constexpr bool kSharedML = QSDPA_COMBINE_SHARED_ML != 0;
+
 template <int W, bool PRE>
 __global__ void combine_kernel(const AttnArgs a, int64_t rows, int lc) {
 #if QSDPA_MMA_TRACE
@@ -77,6 +87,7 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows, int lc) {
   constexpr int kLanes = W == 8 ? 32 : W == 4 ? 128 : 1;  // lanes of a group at most (groups 1..)
   __shared__ float4 red_o[W][kLanes];        // groups 1.. : their sums
   __shared__ float red_d[W][kLanes];
+  __shared__ float2 ml_s[W > 1 ? 64 : 1];  // (kSharedML) the first 64 splits' (m, l) of the row
   const int D = int(a.D), S = a.num_splits, DS = D >> lc;  // DS: the head dims of a slice
   const int T4 = int(blockDim.x) / W;  // lanes of a group (a multiple of 32)
   const int grp = int(threadIdx.x) / T4, t = int(threadIdx.x) - grp * T4, lane = t & 31;
@@ -139,12 +150,30 @@ __global__ void combine_kernel(const AttnArgs a, int64_t rows, int lc) {
                           : make_float4(0.f, 0.f, 0.f, 0.f);
         }
     }
-#pragma unroll
-    for (int bt = 0; bt < 2; ++bt)
-      if (32 * bt + lane < S) {
-        mh[bt] = __ldcg(pm + int64_t(32 * bt + lane) * rows);
-        lh[bt] = __ldcg(pl + int64_t(32 * bt + lane) * rows);
+    if constexpr (W > 1 && kSharedML) {
+      // (groups: the first 64 splits' (m, l) loaded once per block, by its first two warps, and
+      // passed on in shared memory, rather than by every warp: 8x fewer scattered L2 requests when
+      // all the blocks start at once at the attention grid's end; the barrier at the end of the
+      // row's step orders the next row's writes after these reads)
+      if (threadIdx.x < 64) {
+        const int s = int(threadIdx.x);
+        ml_s[s] = s < S ? make_float2(__ldcg(pm + int64_t(s) * rows), __ldcg(pl + int64_t(s) * rows))
+                        : make_float2(-INFINITY, 0.f);
       }
+      __syncthreads();
+#pragma unroll
+      for (int bt = 0; bt < 2; ++bt) {
+        const float2 v = ml_s[32 * bt + lane];
+        mh[bt] = v.x, lh[bt] = v.y;
+      }
+    } else {
+#pragma unroll
+      for (int bt = 0; bt < 2; ++bt)
+        if (32 * bt + lane < S) {
+          mh[bt] = __ldcg(pm + int64_t(32 * bt + lane) * rows);
+          lh[bt] = __ldcg(pl + int64_t(32 * bt + lane) * rows);
+        }
+    }
     float mx = -INFINITY;  // (a NaN m is never the max, as with fmaxf)
     int arg = 0;
     if (mh[0] > mx) mx = mh[0], arg = lane;
