@@ -74,7 +74,15 @@ mutants=(
 # QSDPA_MUTANTS='name name': only these (default: all)
 only=" ${QSDPA_MUTANTS:-} "
 
-restore() { for f in src/cuda/mma_kernel.cuh src/cuda/backend.cu src/cuda/combine.cu; do [ -f "$out/orig.$(basename $f)" ] && cp "$out/orig.$(basename $f)" "$f"; done; }
+# Every file a mutant plants its bug in (the table's second field) is saved first and put back
+# before each mutant. (Until 2026-12-06 the list was written out by hand and lacked mma_rowsm.cuh:
+# in run 96 the mutant rowsm-seven-warps stayed in that file while rowsm-pipe-slot ran.)
+mfiles=()
+for m in "${mutants[@]}"; do
+  IFS='|' read -r _ mf _ <<<"$m"
+  [[ " ${mfiles[*]} " == *" $mf "* ]] || mfiles+=("$mf")
+done
+restore() { for f in "${mfiles[@]}"; do [ -f "$out/orig.$(basename "$f")" ] && cp "$out/orig.$(basename "$f")" "$f"; done; }
 # On every way out: the source restored, and the objects built from mutated source deleted. The
 # restored source is newer than them here, but the device machine's next copy of the tree may
 # carry the files with older times, and a build then took the mutant's objects as up to date
@@ -85,9 +93,7 @@ finish() {
   find "$build/src" -name '*.o' -delete
 }
 trap finish EXIT
-cp src/cuda/mma_kernel.cuh "$out/orig.mma_kernel.cuh"
-cp src/cuda/backend.cu "$out/orig.backend.cu"
-cp src/cuda/combine.cu "$out/orig.combine.cu"
+for f in "${mfiles[@]}"; do cp "$f" "$out/orig.$(basename "$f")"; done
 
 for m in "${mutants[@]}"; do
   IFS='|' read -r name file expr what tests scope <<<"$m"
