@@ -57,7 +57,9 @@ __device__ __forceinline__ void wait_count(const int* count, int target) {
 // default 1; 0: by every warp). Run 97's trace (H100, D = 512 4-bit, 2026-12-06): from the end of
 // the combine blocks' wait until their first row's (m, l) were in and reduced, 3.4-3.9 us of the
 // 4.9 us a block took after its wait, for one round of loads that every warp of every block issued
-// at once (8 warps x 4 scattered loads per block).
+// at once (8 warps x 4 scattered loads per block). Measured (H100, run 98, 3 rounds against 0 in
+// the same run): that step 2.0 us, the combine's end 6.2 -> 4.0 us after the attention grid's;
+// D=512 4-bit 58.0 -> 56.0 us, 8-bit 62.1 -> 60.0; D=256 within 0.1 us.
 #ifndef QSDPA_COMBINE_SHARED_ML
 #define QSDPA_COMBINE_SHARED_ML 1
 #endif
