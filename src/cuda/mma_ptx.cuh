@@ -19,9 +19,10 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 // bytes L2 fetches around each (128 or 256), and QSDPA_MMA_EVICT_FIRST, an L2 evict-first policy
 // on them (1, the default since run 96: the streamed cache leaves L2 to what is read again, the
 // kernels' code, the partials and the query rows). Measured on an H100 (run 96, the default sweep,
-// 3 rounds against 0 in the same run): 11 of its 15 shapes faster by 0.8-4.4 us (D=512 8-bit
-// -4.4, B=8 N=32768 4-bit -2.0, D=256 -1.0 / -1.8, B=1 N=131072 -0.8 / -1.4, Lq=4 4-bit -1.5),
-// 2-bit +1.5 us and D=512 4-bit +0.7 slower, the rest within 0.3. Not yet timed on an H200.
+// 3 rounds against 0 in the same run): 9 of its 15 shapes faster by 0.8-4.4 us (D=512 8-bit
+// -4.4, B=8 N=32768 4-bit -2.0, D=256 -1.0 / -1.8, B=1 N=131072 -0.8 / -1.4, B=32 N=4096
+// -0.9 / -1.1, Lq=4 4-bit -1.5), B=8 8-bit -0.7, 2-bit +1.5 us and D=512 4-bit +0.7 slower, the
+// other three within 0.2. Not yet timed on an H200.
 #ifndef QSDPA_MMA_L2_PREFETCH
 #define QSDPA_MMA_L2_PREFETCH 128
 #endif
