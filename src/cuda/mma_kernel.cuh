@@ -243,6 +243,15 @@ constexpr int kMinBlocksDSplit = QSDPA_MMA_MIN_BLOCKS_DSPLIT;
 #endif
 constexpr bool kDSplitCopy = QSDPA_MMA_DSPLIT_COPY != 0;
 
+// The L2 evict-first policy on the cache's copies, per instantiation (QSDPA_MMA_EVICT_FIRST, in
+// mma_ptx.cuh: 0 none, 1 all, 2 all but the two kinds of kernel it made slower in run 96 (H100,
+// the default sweep, 3 rounds against 0): 2-bit keys and values (+1.5 us) and D = 512 with 4-bit
+// keys and values (+0.7 us), which then compile to run 96's code without it.
+__host__ __device__ constexpr bool evict_first_for(int D, int BITS, int VBITS) {
+  return QSDPA_MMA_EVICT_FIRST == 1 ||
+         (QSDPA_MMA_EVICT_FIRST == 2 && !(BITS == 2 && VBITS == 2) && !(D == 512 && BITS == 4 && VBITS == 4));
+}
+
 // Head dims per warp: D = 512 splits the head dims over the 4 warps of a block (kDS, "d-split"),
 // which then stream the same tiles, each its 128 dims of every row: the logits' partial sums meet
 // in shared memory once per tile, and each warp keeps the Oᵀ of its own dims (the accumulators
@@ -315,7 +324,7 @@ __device__ __forceinline__ void piece_offsets(int lane, uint32_t (&so)[C]) {
 // nothing, from `zero`). RS: the bytes from one row to the next in memory (16 C, or more when the
 // rows are parts of wider rows: d-split). HALF (a tile over two 16-token pages): pieces k >= C / 2
 // (rows 16..31) are read from p2, the lane's first piece of the second page, instead.
-template <int C, int RS, bool FULL, bool HALF = false>
+template <int C, int RS, bool FULL, bool HALF = false, bool EF = (QSDPA_MMA_EVICT_FIRST != 0)>
 __device__ __forceinline__ void copy_rows(uint32_t dst, const uint32_t (&so)[C], const uint8_t* p, const void* zero,
                                           int lane, int64_t left, const uint8_t* p2 = nullptr) {
 #pragma unroll
@@ -323,10 +332,10 @@ __device__ __forceinline__ void copy_rows(uint32_t dst, const uint32_t (&so)[C],
     constexpr int kStep = 32 / C * RS;  // bytes from piece k to piece k + 1 of a lane
     const uint8_t* src = HALF && k >= C / 2 ? p2 + kStep * (k - C / 2) : p + kStep * k;
     if constexpr (FULL) {
-      cp_async16(dst + so[k], src, 16);
+      cp_async16<EF>(dst + so[k], src, 16);
     } else {
       const bool in = (lane + 32 * k) / C < left;
-      cp_async16(dst + so[k], in ? src : zero, in ? 16 : 0);
+      cp_async16<EF>(dst + so[k], in ? src : zero, in ? 16 : 0);
     }
   }
 }
@@ -907,6 +916,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   constexpr int kRBV = S::kRBV, kCV = S::kCV, kRBG = S::kRBG, kRBGV = S::kRBGV;
   constexpr int kTW = kTileTokens, kSCB = S::kSCB, kNZ = S::kNZ, kNGP = S::kNGP, kNGMax = S::kNGMax;
   constexpr int kDS = S::kDS, kTG = S::kTG, kDW = S::kDW;
+  constexpr bool kEF = evict_first_for(D, BITS, VBITS);  // the cache's copies evict-first in L2
   static_assert(kDS == 1 || (GC != 0 && LAYOUT == kContigWide), "d-split: contiguous caches, a constant group");
   static_assert(16 + kRT * kInKernelMergeMaxSplits * 8 + kRT * 16 + kRT * 8 <= S::kMain, "the in-kernel merge's scratch fits");
   extern __shared__ __align__(16) uint8_t smem[];
@@ -1077,14 +1087,14 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
       constexpr int kSB = 2 * kDW / GC;  // scale bytes of one token's part of the warp
       const uint32_t sd = ss + uint32_t(sc_lane_arr * kSCB + sc_lane_k * kSB);
       if (left >= kTW) {
-        copy_rows<kC, kRBG, true>(sk, so, pk, a.k_packed, lane, kTW);
-        copy_rows<kCV, kRBGV, true>(sv, sov, pv, a.v_packed, lane, kTW);
+        copy_rows<kC, kRBG, true, false, kEF>(sk, so, pk, a.k_packed, lane, kTW);
+        copy_rows<kCV, kRBGV, true, false, kEF>(sv, sov, pv, a.v_packed, lane, kTW);
 #pragma unroll
         for (int j = 0; j < kTW / 8; ++j) cp_async_small<kSB>(sd + uint32_t(8 * j * kSB), ps + 8 * j * (D / GC) * 2, true);
       } else {  // the last, partial tile: rows past the end are zero-filled, never read
         const int lf = int(left);  // (0 < left < kTW)
-        copy_rows<kC, kRBG, false>(sk, so, pk, a.k_packed, lane, lf);
-        copy_rows<kCV, kRBGV, false>(sv, sov, pv, a.v_packed, lane, lf);
+        copy_rows<kC, kRBG, false, false, kEF>(sk, so, pk, a.k_packed, lane, lf);
+        copy_rows<kCV, kRBGV, false, false, kEF>(sv, sov, pv, a.v_packed, lane, lf);
 #pragma unroll
         for (int j = 0; j < kTW / 8; ++j) {
           const bool in = sc_lane_k + 8 * j < lf;
@@ -1131,11 +1141,11 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
       ps = gsc + (sc_lane_arr < 2 ? dk : dv) * ngf * 2;
     }
     if (left >= kTW) {
-      copy_rows<kC, kRBG, true, half>(sk, so, pk, a.k_packed, lane, left, pk2);
-      copy_rows<kCV, kRBGV, true, half>(sv, sov, pv, a.v_packed, lane, left, pv2);
+      copy_rows<kC, kRBG, true, half, kEF>(sk, so, pk, a.k_packed, lane, left, pk2);
+      copy_rows<kCV, kRBGV, true, half, kEF>(sv, sov, pv, a.v_packed, lane, left, pv2);
     } else {  // the last, partial tile: rows past the end are zero-filled, never read
-      copy_rows<kC, kRBG, false, half>(sk, so, pk, a.k_packed, lane, left, pk2);
-      copy_rows<kCV, kRBGV, false, half>(sv, sov, pv, a.v_packed, lane, left, pv2);
+      copy_rows<kC, kRBG, false, half, kEF>(sk, so, pk, a.k_packed, lane, left, pk2);
+      copy_rows<kCV, kRBGV, false, half, kEF>(sv, sov, pv, a.v_packed, lane, left, pv2);
     }
     if constexpr (kDS > 1) {  // d-split: the 2 ng bytes of each of the lane's 4 tokens
 #pragma unroll
@@ -1155,7 +1165,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
 #pragma unroll
       for (int j = 0; j < kSPL; ++j) {
         const int k = sc_lane_k + 8 * j;
-        if (k < nch) cp_async16(sd + 128 * j, span_piece(j, k), 16);
+        if (k < nch) cp_async16<kEF>(sd + 128 * j, span_piece(j, k), 16);
       }
     } else {
 #pragma unroll
@@ -1176,7 +1186,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
                          "r"(w[2]), "r"(w[3])
                          : "memory");
           } else {
-            cp_async16(sd + 128 * j, nb > 0 ? span_piece(j, k) : a.k_scales, nb);
+            cp_async16<kEF>(sd + 128 * j, nb > 0 ? span_piece(j, k) : a.k_scales, nb);
           }
         }
       }

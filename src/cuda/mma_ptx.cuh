@@ -17,8 +17,11 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 
 // Tuning knobs of the cache's copies (they are read once, in order): QSDPA_MMA_L2_PREFETCH, the
 // bytes L2 fetches around each (128 or 256), and QSDPA_MMA_EVICT_FIRST, an L2 evict-first policy
-// on them (1, the default since run 96: the streamed cache leaves L2 to what is read again, the
-// kernels' code, the partials and the query rows). Measured on an H100 (run 96, the default sweep,
+// on them (0 none; 1 all, since run 96: the streamed cache leaves L2 to what is read again, the
+// kernels' code, the partials and the query rows; 2, the default since the twenty-eighth session,
+// all but the two kinds of tensor-core kernel it made slower, mma_kernel.cuh's evict_first_for:
+// each kernel compiles to the code run 96 timed, with or without it; not yet timed as a whole).
+// Measured on an H100 (run 96, the default sweep,
 // 3 rounds against 0 in the same run): 9 of its 15 shapes faster by 0.8-4.4 us (D=512 8-bit
 // -4.4, B=8 N=32768 4-bit -2.0, D=256 -1.0 / -1.8, B=1 N=131072 -0.8 / -1.4, B=32 N=4096
 // -0.9 / -1.1, Lq=4 4-bit -1.5), B=8 8-bit -0.7, 2-bit +1.5 us and D=512 4-bit +0.7 slower, the
@@ -27,7 +30,7 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 #define QSDPA_MMA_L2_PREFETCH 128
 #endif
 #ifndef QSDPA_MMA_EVICT_FIRST
-#define QSDPA_MMA_EVICT_FIRST 1
+#define QSDPA_MMA_EVICT_FIRST 2
 #endif
 #if QSDPA_MMA_L2_PREFETCH == 256
 #define QSDPA_CP_PREFETCH ".L2::256B"
@@ -37,18 +40,20 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 #error "QSDPA_MMA_L2_PREFETCH: 128 or 256"
 #endif
 
-// 16-byte asynchronous copy; `bytes` (0..16) are read, the rest of the 16 is zero-filled.
+// 16-byte asynchronous copy; `bytes` (0..16) are read, the rest of the 16 is zero-filled. EF: with
+// the L2 evict-first policy (the tensor-core kernels choose per instantiation: evict_first_for).
+template <bool EF = (QSDPA_MMA_EVICT_FIRST != 0)>
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int bytes) {
-#if QSDPA_MMA_EVICT_FIRST
-  uint64_t pol;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint" QSDPA_CP_PREFETCH " [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "l"(pol)
-               : "memory");
-#else
-  asm volatile("cp.async.cg.shared.global" QSDPA_CP_PREFETCH " [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
-               : "memory");
-#endif
+  if constexpr (EF) {
+    uint64_t pol;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint" QSDPA_CP_PREFETCH " [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "l"(pol)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.cg.shared.global" QSDPA_CP_PREFETCH " [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
+                 : "memory");
+  }
 }
 // Thread-block clusters (sm_90): the block's rank in its cluster, the cluster's size, a barrier
 // of all threads of the cluster (release / acquire: shared-memory writes before it are seen by

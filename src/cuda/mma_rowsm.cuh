@@ -107,6 +107,7 @@ __global__ void __launch_bounds__(kRmWarps * 32, 2) rowsm_kernel(const __grid_co
   using Y = Ty<T>;
   constexpr int W = kRmWarps, D = kRmD, kTW = kTileTokens, kRT = kRmRows, STAGES = S::kStages;
   constexpr int kC = S::kC, kRB = S::kRB, kRBG = S::kRBG, kKS = S::kKS, kNGF = S::kNGF, kSC = S::kSC;
+  constexpr bool kEF = evict_first_for(D, BITS, BITS);  // (as the other tensor-core kernels)
   static_assert(F::kDen && F::kVCodes, "f16 subnormal codes");
   extern __shared__ __align__(16) uint8_t smem[];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -185,14 +186,14 @@ __global__ void __launch_bounds__(kRmWarps * 32, 2) rowsm_kernel(const __grid_co
     const uint8_t* pv = gv + tl * uint32_t(kTW * kRBG);
     const uint8_t* ps = gsc + tl * uint32_t(kTW * kNGF * 2);
     if (left >= kTW) {
-      copy_rows<kC, kRBG, true>(sk, so, pk, a.k_packed, lane, kTW);
-      copy_rows<kC, kRBG, true>(sv, so, pv, a.v_packed, lane, kTW);
+      copy_rows<kC, kRBG, true, false, kEF>(sk, so, pk, a.k_packed, lane, kTW);
+      copy_rows<kC, kRBG, true, false, kEF>(sv, so, pv, a.v_packed, lane, kTW);
 #pragma unroll
       for (int j = 0; j < kTW / 8; ++j) cp_async_small<4>(sd + uint32_t(32 * j), ps + 8 * j * kNGF * 2, true);
     } else {  // the last, partial tile: rows past the end are zero-filled (their scales 0)
       const int lf = int(left);
-      copy_rows<kC, kRBG, false>(sk, so, pk, a.k_packed, lane, lf);
-      copy_rows<kC, kRBG, false>(sv, so, pv, a.v_packed, lane, lf);
+      copy_rows<kC, kRBG, false, false, kEF>(sk, so, pk, a.k_packed, lane, lf);
+      copy_rows<kC, kRBG, false, false, kEF>(sv, so, pv, a.v_packed, lane, lf);
 #pragma unroll
       for (int j = 0; j < kTW / 8; ++j) {
         const bool in = sc_tok + 8 * j < lf;
