@@ -32,11 +32,11 @@
 // at 0.33 per scheduler and cycle, the warps waiting mostly on shared memory (the scale loads and
 // copies of 4 bytes, the exchange) at 3.4 warps per scheduler. With the 4-bit loop pipelined on
 // shared-memory barrier objects (run 95, same H100 run): 74.5 -> 70.7 us against the d-split's
-// 57.8. Its token loops then end earlier than the d-split's (run 97's trace: median 40.0 against
-// 44.5 us after the blocks' start), but the call loses it after the loop: the partials stored
-// from the registers, 4 bytes at a time, take 6.6 us (the d-split's 1.8), the loops' ends spread
-// over 15 us (8 multiprocessors hold one block), and the combine kernel merges 64 splits, not 32.
-// Off by default (QSDPA_MMA_ROWSM).
+// 57.8. Run 97's trace: its median block ends the token loop 4.5 us before the d-split's, but the
+// two blocks of a multiprocessor end far apart and the SMs' last blocks end later (57.4 against
+// 51.1 us, p50), ~4.8 us of it the epilogue (the partials stored from the registers 4 bytes at a
+// time: 6.6 us against the d-split's 1.8), and the combine merges 64 splits, not 32. Per
+// multiprocessor the loop is no faster. Off by default (QSDPA_MMA_ROWSM).
 #pragma once
 
 #include "mma_kernel.cuh"
