@@ -12,7 +12,8 @@
 # states of the shapes that miss their targets), with QSDPA_GPU_TUNE tune.jsonl, and logs.tgz (build,
 # ctest, sanitizer, bench, nvidia-smi and the other logs, with QSDPA_GPU_NCU_SOURCE=1 also the executed
 # instructions per SASS line of the headline kernel, ncu_source.csv; QSDPA_GPU_PACK=0 leaves them
-# as plain files), with QSDPA_GPU_TRACE=1 trace.txt and traces.tgz (per-block timelines of a
+# as plain files, but the device tool brings back at most 8 files of OUTDIR: in runs 95 and 97
+# (2026-12-06) tune.jsonl, tune.log and trace.txt stayed behind that way), with QSDPA_GPU_TRACE=1 trace.txt and traces.tgz (per-block timelines of a
 # -DQSDPA_MMA_TRACE=1 build on the bench's shapes). QSDPA_GPU_CUDA_FLAGS builds the main build (and
 # so the tests) with knobs; QSDPA_GPU_CTEST_REGEX / QSDPA_GPU_CTEST_REST=0 narrow the tests;
 # QSDPA_GPU_SANITIZE=0 skips compute-sanitizer (timing-only runs). Each
