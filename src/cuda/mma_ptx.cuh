@@ -21,8 +21,8 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 // kernels' code, the partials and the query rows; 2, the default since the twenty-eighth session,
 // all but the two kinds of tensor-core kernel it made slower, mma_kernel.cuh's evict_first_for:
 // each kernel compiles to the code run 96 timed, with or without it; not yet timed as a whole).
-// Measured on an H100 (run 96, the default sweep,
-// 3 rounds against 0 in the same run): 9 of its 15 shapes faster by 0.8-4.4 us (D=512 8-bit
+// 1 measured on an H100 (run 96, the default sweep, 3 rounds against 0 in the same run): 9 of
+// its 15 shapes faster by 0.8-4.4 us (D=512 8-bit
 // -4.4, B=8 N=32768 4-bit -2.0, D=256 -1.0 / -1.8, B=1 N=131072 -0.8 / -1.4, B=32 N=4096
 // -0.9 / -1.1, Lq=4 4-bit -1.5), B=8 8-bit -0.7, 2-bit +1.5 us and D=512 4-bit +0.7 slower, the
 // other three within 0.2. Not yet timed on an H200.
