@@ -1013,14 +1013,28 @@ TEST(CudaSanitize, Representative) {
   c.dtype = DType::f16, c.kf = {8, 64}, c.vf = {4, 64}, c.B = 1, c.Hq = 16, c.Hkv = 1, c.N = 700, c.D = 512,
   c.sinks = true, c.bool_mask = MaskKind::u8;
   cases.push_back(c);
-  c = Case{};  // D = 512 with the rows on the mma's M (sm_90a: 12 rows of 16, a partial last tile, a window)
+  c = Case{};  // D = 512 with 12 rows of 16 per KV head, a partial last tile, a window: on the
+  // d-split kernel here, and with the rows on the mma's M below (that kernel is off by default)
   c.dtype = DType::f16, c.kf = c.vf = {4, 64}, c.B = 2, c.Hq = 12, c.Hkv = 1, c.N = 1501, c.D = 512,
   c.window = 700, c.float_mask = true;
   cases.push_back(c);
+  const Case rows_on_m = c;
   c = Case{};  // a partial last tile whose scale span ends inside a 16-byte piece, at the buffers' end
   c.dtype = DType::bf16, c.kf = c.vf = {4, 64}, c.B = 2, c.Hq = 1, c.Hkv = 1, c.N = 33, c.D = 128, c.sinks = true;
   cases.push_back(c);
   for (const Case& cs : cases) EXPECT_EQ(test::run_cuda_case(cs), "") << cs.str();
+  {  // the rows-on-M kernel turned on (sm_90a): its 4-bit loop's barrier objects and the exchange
+     // buffers it alternates by tile parity, under racecheck
+    const bool was = cuda::set_rows_on_m(true);
+    {
+      test::Problem h(rows_on_m);
+      test::DeviceProblem d(h);
+      EXPECT_EQ(cuda::uses_rows_on_m(d.params(), true), cuda::fixed_group_build()) << rows_on_m.str();
+    }
+    const std::string r = test::run_cuda_case(rows_on_m);
+    cuda::set_rows_on_m(was);
+    EXPECT_EQ(r, "") << "rows on M: " << rows_on_m.str();
+  }
   for (const int mode : {2, 3}) {  // the last case on the tile pool's blocks of 16 warps, then of 8
     const int was = cuda::set_block_pool(mode);
     const std::string r = test::run_cuda_case(cases.back());
