@@ -94,14 +94,6 @@ std::atomic<int> g_pool_mode{env_digit("QSDPA_BLOCK_POOL", 3, 1)};
 // other shapes unchanged. QSDPA_POOL_CLUSTER=0 in the environment or cuda::set_pool_cluster (a
 // test hook) turns it off.
 std::atomic<bool> g_pool_cluster{env_digit("QSDPA_POOL_CLUSTER", 1, 1) == 1};
-// Whether a plan of one block per multiprocessor whose clusters do not all fit at its split count
-// (cluster_merge below) trades splits for clusters: the largest smaller split count whose clusters
-// all fit at once, if its blocks still fill kClusterFitFill of the SMs (fit_clusters below).
-// Aimed at B=1 N=131072 4-bit: 8 rows tiles x 16 splits of the pool's blocks, whose 8 clusters of
-// 16 do not fit, so its splits merge in the kernel, in a ~4 us tail of 8 blocks (runs 78-88).
-// QSDPA_CLUSTER_FIT=0/1 in the environment, cuda::set_cluster_fit (a test hook).
-std::atomic<bool> g_cluster_fit{env_digit("QSDPA_CLUSTER_FIT", 1, 0) == 1};
-constexpr double kClusterFitFill = 0.85;
 // The pool is taken when the call's 32-token tiles are at least this many per warp of a full
 // wave of its blocks (16 warps per multiprocessor): the latency-bound small calls keep the 4-warp
 // blocks, which spread a few tiles over more blocks ...
@@ -531,31 +523,7 @@ bool combine_arrivals(AttnArgs& a, bool zeroed) {
 
 // Which merge a tensor-core plan for p takes: in clusters (sets a.cluster), in the attention
 // kernel (returns true), or else the combine kernel.
-// g_cluster_fit: moves a plan to fewer splits whose clusters all fit (a.chunk, a.num_splits; the
-// workspace the plan asked for stays large enough), if such a count fills kClusterFitFill of the SMs.
-void fit_clusters(AttnArgs& a, const DeviceFacts& f) {
-#if QSDPA_HAVE_MMA
-  if (!g_cluster_fit.load(std::memory_order_relaxed) || cluster_merge(a, f) || f.cc_major < 9 ||
-      a.num_splits < 2 || a.num_splits > kClusterSplits || cuda::mma_blocks_per_sm(a) != 1)
-    return;
-  const int64_t units = a.B * a.Hkv * cuda::mma_row_tiles(a), tile = std::max(1, cuda::mma_token_tile(a));
-  const int64_t span = a.N - a.t_begin;
-  const int keep_splits = a.num_splits;
-  const int64_t keep_chunk = a.chunk;
-  for (int64_t s = keep_splits - 1; s >= 1 && double(units * s) >= kClusterFitFill * f.sms; --s) {
-    const int64_t chunk = ((span + s - 1) / s + tile - 1) / tile * tile;
-    if ((span + chunk - 1) / chunk != s) continue;
-    a.chunk = chunk, a.num_splits = int(s);
-    if (cluster_merge(a, f)) return;
-  }
-  a.chunk = keep_chunk, a.num_splits = keep_splits;
-#else
-  (void)a, (void)f;
-#endif
-}
-
 bool pick_merge(AttnArgs& a, const DeviceFacts& f, const AttentionParams& p) {
-  fit_clusters(a, f);
   a.cluster = cluster_merge(a, f);
   return in_kernel_merge(a, !p.workspace || p.workspace_zeroed);
 }
@@ -922,8 +890,6 @@ int qsdpa::cuda::set_block_pool(int mode) { return detail::g_pool_mode.exchange(
 
 bool qsdpa::cuda::set_pool_cluster(bool on) { return detail::g_pool_cluster.exchange(on); }
 
-bool qsdpa::cuda::set_cluster_fit(bool on) { return detail::g_cluster_fit.exchange(on); }
-
 int qsdpa::cuda::planned_pool(const AttentionParams& p) {
   detail::DeviceFacts f;
   if (p.N == 0 || !detail::current_device_facts(&f)) return 0;
@@ -937,7 +903,7 @@ int qsdpa::cuda::planned_splits(const AttentionParams& p) {
   detail::DeviceFacts f;
   if (p.N == 0 || !detail::current_device_facts(&f)) return 0;
   qsdpa::cuda::AttnArgs a = detail::make_args(p);
-  if (detail::make_plan(a, f).use_mma) detail::pick_merge(a, f, p);  // (fit_clusters may take fewer)
+  detail::make_plan(a, f);
   return a.num_splits;
 }
 

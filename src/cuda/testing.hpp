@@ -53,10 +53,6 @@ int planned_pool(const AttentionParams& p);
 // splits in clusters (sm_90, where they fit as the cluster merge's rule takes them;
 // uses_cluster_merge says whether attention(p) would); returns the previous setting.
 bool set_pool_cluster(bool on);
-// Allows (true) or forbids (false, the default; QSDPA_CLUSTER_FIT=1 in the environment starts it
-// on) a plan of one block per multiprocessor whose clusters do not all fit to take fewer splits
-// whose clusters do, while its blocks fill 85 % of the SMs; returns the previous setting.
-bool set_cluster_fit(bool on);
 // The number of splits (token ranges merged by the combine) attention(p) would plan on the current
 // device; 0 without a device or with N = 0.
 int planned_splits(const AttentionParams& p);

@@ -467,53 +467,6 @@ TEST(CudaAttention, TilePoolBlocks) {
   EXPECT_FALSE(cuda::uses_block_pool(shape(8, 32768, 4)));
 }
 
-// cuda::set_cluster_fit: a plan of the pool's blocks (one per SM) whose clusters of 16 splits do
-// not all fit may take 15 splits whose clusters do, when they fill 85 % of the SMs. Checked on the
-// plan of B=1 N=131072 (8 row tiles) and held to the reference on a problem that takes it, with
-// sinks (f16) and with a window and a mask (bf16); with the knob off, the plan is the default's.
-TEST(CudaAttention, ClusterFit) {
-  QSDPA_REQUIRE_CUDA();
-  struct Restore {
-    bool fit = cuda::set_cluster_fit(false);
-    ~Restore() { cuda::set_cluster_fit(fit); }
-  } restore;
-  int sms = 0;
-  CUDA_ASSERT(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const bool here = device_takes_sm90a_kernels() && sms >= 128 && sms <= 142;
-  std::vector<Case> cases;
-  Case c;
-  c.dtype = DType::f16, c.kf = c.vf = {4, 64}, c.D = 128;
-  c.B = 1, c.Hq = 32, c.Hkv = 8, c.N = 70001, c.sinks = true;  // 8 row tiles, the last tile partial
-  cases.push_back(c);
-  c.dtype = DType::bf16, c.sinks = false, c.N = 72000, c.window = 69000, c.float_mask = true;
-  cases.push_back(c);
-  uint64_t seed = 9950;
-  for (Case cs : cases) {
-    cs.seed = seed++;
-    test::Problem h(cs);
-    test::DeviceProblem d(h);
-    cuda::set_cluster_fit(false);
-    const int splits = cuda::planned_splits(d.params());
-    const bool clustered = cuda::uses_cluster_merge(d.params());
-    cuda::set_cluster_fit(true);
-    const int fit_splits = cuda::planned_splits(d.params());
-    const bool fit_clustered = cuda::uses_cluster_merge(d.params());
-    if (here) {
-      EXPECT_EQ(cuda::planned_pool(d.params()), 1) << cs.str();
-      EXPECT_FALSE(clustered) << "8 clusters of " << splits << " were not expected to fit: " << cs.str();
-      EXPECT_TRUE(fit_clustered) << cs.str();
-      EXPECT_EQ(fit_splits, splits - 1) << cs.str();
-    }
-    if (fit_clustered && !clustered) {
-      EXPECT_LT(fit_splits, splits) << cs.str();
-      EXPECT_GE(8 * fit_splits, 0.85 * sms) << cs.str();
-    } else {
-      EXPECT_EQ(fit_splits, splits) << cs.str();
-    }
-    EXPECT_EQ(test::run_cuda_case(cs), "") << "cluster fit on: " << cs.str();
-  }
-}
-
 TEST_P(CudaSweep, PairwiseDesign) {
   QSDPA_REQUIRE_CUDA();
   const auto cases = sweep_cases();
