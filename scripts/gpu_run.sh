@@ -16,11 +16,11 @@
 # (2026-12-06) tune.jsonl, tune.log and trace.txt stayed behind that way), with QSDPA_GPU_TRACE=1 trace.txt and traces.tgz (per-block timelines of a
 # -DQSDPA_MMA_TRACE=1 build on the bench's shapes). QSDPA_GPU_CUDA_FLAGS builds the main build (and
 # so the tests) with knobs; QSDPA_GPU_CTEST_REGEX / QSDPA_GPU_CTEST_REST=0 narrow the tests;
-# QSDPA_GPU_SANITIZE=0 skips compute-sanitizer (timing-only runs). Each
-# step has a time limit taken from what is left of QSDPA_GPU_BUDGET seconds (default 450; the build
-# keeps 150 of them for the later steps, so a budget under ~250 starves it: run 101's 170 left it 20 s), so the
-# run ends in time and summary.txt always says what ran and what did not. scripts/gpu_mutants.sh
-# runs after it, in the same build folder.
+# QSDPA_GPU_SANITIZE=0 skips compute-sanitizer (timing-only runs). Each step has a time limit
+# taken from what is left of QSDPA_GPU_BUDGET seconds (default 450), so the run ends in time and
+# summary.txt always says what ran and what did not. The build keeps 150 of them for the later
+# steps: a budget under ~250 starves it (run 101's 170 left it 20 s). scripts/gpu_mutants.sh runs
+# after it, in the same build folder.
 set -uo pipefail
 
 out="${1:?usage: scripts/gpu_run.sh OUTDIR}"
