@@ -1,15 +1,15 @@
-// The one switch from runtime values (T, bits, D, query rows) to the compiled instantiations of
-// the tensor-core kernel (mma_kernel.cuh), one translation unit per group so that a parallel build
+// The one switch from runtime values (T, bits, D, query rows) to the compiled instantiations of the
+// tensor-core kernel (mma_kernel.cuh), one translation unit per group so that a parallel build
 // compiles them side by side: keys and values of one bit width for contiguous caches
 // (mmak::kContig, attention_mma_dense.cu), paged ones (kPaged, attention_mma_paged.cu; kPaged16,
-// attention_mma_paged16.cu) and the other layouts (kAny, attention_mma_layout.cu); 8-bit keys
-// with 4-bit values for all four (attention_mma_mixed.cu, attention_mma_mixed_any.cu); and
-// contiguous caches merging in clusters (kContigCluster, attention_mma_cluster.cu and
+// attention_mma_paged16.cu) and the other layouts (kAny, attention_mma_layout.cu); 8-bit keys with
+// 4-bit values for all four (attention_mma_mixed.cu, attention_mma_mixed_any.cu); and contiguous
+// caches merging in clusters (kContigCluster, attention_mma_cluster.cu and
 // attention_mma_cluster_mixed.cu); and, for sm_90a, the same with the group size 64 as a constant
 // for the layouts kContig, kPaged, kPaged16 and kContigCluster, D = 512 on contiguous caches
 // (kContigWide), and the tile pool's blocks of 16 warps (kContigPool, and kContigPoolCluster
-// merging in clusters) and of 8 (kContigPoolPair): 4-bit keys and values, D = 128 (g64/*.cu,
-// compiled for sm_90a alone).
+// merging in clusters) and of 8 (kContigPoolPair): 4-bit keys and values, and 2-bit ones with f16,
+// D = 128 (g64/*.cu, compiled for sm_90a alone).
 #pragma once
 
 #include <cuda_runtime.h>

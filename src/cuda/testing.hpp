@@ -42,7 +42,7 @@ bool uses_combine_arrivals(const AttentionParams& p);
 int64_t set_merge_max_loads(int64_t loads);
 // The tensor-core kernel's tile pool (AttnArgs::pool: blocks of 16 warps, or of 8, taking tiles
 // from a counter in shared memory): 0 never, 1 (the default) on problems large enough, 2 wherever
-// its instantiations fit (contiguous caches, 4-bit g64 keys and values, D = 128, at most 8 query
+// its instantiations fit (contiguous caches, 4-bit g64 keys and values or 2-bit f16 ones, D = 128, at most 8 query
 // rows per KV head, sm_90a) in blocks of 16 warps, 3 the same in blocks of 8, for the whole
 // process; returns the previous mode. Whether attention(p) would take it now on the current
 // device, and which (planned_pool: 0 none, 1 blocks of 16 warps, 2 blocks of 8).
@@ -53,6 +53,10 @@ int planned_pool(const AttentionParams& p);
 // splits in clusters (sm_90, where they fit as the cluster merge's rule takes them;
 // uses_cluster_merge says whether attention(p) would); returns the previous setting.
 bool set_pool_cluster(bool on);
+// Lets (true, the default) or keeps (false) the planner's default choice (set_block_pool(1)) take
+// the tile pool for 2-bit f16 caches; the forced modes take it either way. Returns the previous
+// setting.
+bool set_pool_2bit(bool on);
 // The number of splits (token ranges merged by the combine) attention(p) would plan on the current
 // device; 0 without a device or with N = 0.
 int planned_splits(const AttentionParams& p);

@@ -354,13 +354,13 @@ TEST(CudaAttention, ClusterMergeAndCombineKernel) {
 }
 
 // The tensor-core kernel's tile pool (blocks of 16 warps, or of 8, taking a split's 32-token tiles
-// from a counter in shared memory; 4-bit g64 D = 128, at most 8 rows per KV head, sm_90a): forced
-// on problems of every size, fewer tiles than warps included (10 tiles, 2 tiles), partial last
-// tiles, sinks, windows that skip tiles, masks, one to eight rows per KV head, splits merged in the
-// kernel, by the combine kernel and (blocks of 16 warps, cuda::set_pool_cluster) in clusters; each
-// case is checked to take the pool meant (where the device has it) and the merge meant, and held
-// to the reference. Then the default choice: the pool on the large shapes only, blocks of 8 warps
-// where the row tiles are up to twice the SMs.
+// from a counter in shared memory; 4-bit g64 D = 128, at most 8 rows per KV head, or 2-bit f16,
+// sm_90a): forced on problems of every size, fewer tiles than warps included (10 tiles, 2 tiles),
+// partial last tiles, sinks, windows that skip tiles, masks, one to eight rows per KV head (2-bit:
+// twelve, two row tiles), splits merged in the kernel, by the combine kernel and (blocks of 16
+// warps, cuda::set_pool_cluster) in clusters; each case is checked to take the pool meant (where
+// the device has it) and the merge meant, and held to the reference. Then the default choice: the
+// pool on the large shapes only, blocks of 8 warps where the row tiles are up to twice the SMs.
 TEST(CudaAttention, TilePoolBlocks) {
   QSDPA_REQUIRE_CUDA();
   const bool want = device_takes_sm90a_kernels();
@@ -399,6 +399,20 @@ TEST(CudaAttention, TilePoolBlocks) {
   c.dtype = DType::bf16, c.kf = c.vf = {4, 64}, c.D = 128;
   c.B = 2, c.Hq = 6, c.Hkv = 2, c.Lq = 2, c.N = 3001, c.window = 100, c.bool_mask = MaskKind::u32;  // 6 rows
   cases.push_back(c);
+  // 2-bit keys and values (f16 alone has pool kernels): few tiles, many splits, and 12 rows per KV
+  // head (two row tiles of one n-tile)
+  c = Case{};
+  c.dtype = DType::f16, c.kf = c.vf = {2, 64}, c.D = 128;
+  c.B = 2, c.Hq = 8, c.Hkv = 2, c.N = 300, c.sinks = true;
+  cases.push_back(c);
+  c = Case{};
+  c.dtype = DType::f16, c.kf = c.vf = {2, 64}, c.D = 128;
+  c.B = 1, c.Hq = 8, c.Hkv = 2, c.N = 40000, c.window = 30000, c.float_mask = true;
+  cases.push_back(c);
+  c = Case{};
+  c.dtype = DType::f16, c.kf = c.vf = {2, 64}, c.D = 128;
+  c.B = 2, c.Hq = 6, c.Hkv = 1, c.Lq = 2, c.N = 2500, c.sinks = true;
+  cases.push_back(c);
   uint64_t seed = 9900;
   int clustered = 0;
   // blocks of 16 warps: in the kernel, the combine kernel, clusters; blocks of 8: in the kernel,
@@ -427,6 +441,17 @@ TEST(CudaAttention, TilePoolBlocks) {
   // (the pool's clusters: at most 16 splits, all resident at once; most cases here qualify)
   if (want) {
     EXPECT_GE(clustered, 3) << "cases whose pool splits merged in clusters";
+  }
+  // bf16 2-bit caches have no pool kernels: even forced, the plan keeps the 4-warp blocks
+  {
+    Case cs;
+    cs.dtype = DType::bf16, cs.kf = cs.vf = {2, 64}, cs.D = 128;
+    cs.B = 2, cs.Hq = 8, cs.Hkv = 2, cs.N = 3000, cs.seed = seed++;
+    cuda::set_block_pool(2);
+    test::Problem h(cs);
+    test::DeviceProblem d(h);
+    EXPECT_EQ(cuda::planned_pool(d.params()), 0) << cs.str();
+    EXPECT_EQ(test::run_cuda_case(cs), "") << cs.str();
   }
   // The default (mode 1): the pool where the tiles are many per warp of a full wave and its blocks
   // fill the slots in one round: blocks of 16 warps for up to 132 row tiles (on an H200), of 8 for
@@ -463,8 +488,19 @@ TEST(CudaAttention, TilePoolBlocks) {
   EXPECT_EQ(cuda::planned_pool(shape(1, 131072, 4)), here ? 1 : 0);
   EXPECT_FALSE(cuda::uses_block_pool(shape(1, 4096, 4)));
   EXPECT_FALSE(cuda::uses_block_pool(shape(8, 32768, 8)));
+  // 2-bit (f16) as 4-bit, unless cuda::set_pool_2bit keeps it off the pool
+  const bool pool2 = cuda::set_pool_2bit(true);
+  EXPECT_EQ(cuda::planned_pool(shape(8, 32768, 2)), here ? 1 : 0);
+  EXPECT_EQ(cuda::uses_cluster_merge(shape(8, 32768, 2)), here) << "64 clusters of 2";
+  EXPECT_EQ(cuda::planned_pool(shape(32, 4096, 2)), here ? 2 : 0);
+  EXPECT_FALSE(cuda::uses_block_pool(shape(1, 4096, 2)));
+  cuda::set_pool_2bit(false);
+  EXPECT_FALSE(cuda::uses_block_pool(shape(8, 32768, 2)));
+  EXPECT_EQ(cuda::planned_pool(shape(8, 32768, 4)), here ? 1 : 0);
+  cuda::set_pool_2bit(pool2);
   cuda::set_block_pool(0);
   EXPECT_FALSE(cuda::uses_block_pool(shape(8, 32768, 4)));
+  EXPECT_FALSE(cuda::uses_block_pool(shape(8, 32768, 2)));
 }
 
 TEST_P(CudaSweep, PairwiseDesign) {
