@@ -95,12 +95,15 @@ std::atomic<int> g_pool_mode{env_digit("QSDPA_BLOCK_POOL", 3, 1)};
 // test hook) turns it off.
 std::atomic<bool> g_pool_cluster{env_digit("QSDPA_POOL_CLUSTER", 1, 1) == 1};
 // Whether the planner's default (g_pool_mode 1) takes the tile pool for 2-bit caches too (f16,
-// pool_fits) or keeps them on the 4-warp blocks. The 2-bit kernel is bound by its loop's issue,
-// not by memory, and the pool's warps of one block end together where the 4-warp blocks' waves
-// end in a tail (the reason the pool gave the 4-bit headline -2 us, run 48). QSDPA_POOL_2BIT=0/1
-// in the environment sets the start (a tuning knob: one build timed both ways),
-// cuda::set_pool_2bit (a test hook) any time.
+// pool_fits) or keeps them on the 4-warp blocks, and then only where the row tiles are at least a
+// quarter of the SMs (a row tile takes at most ~4 of the pool's splits). Measured on an H200
+// (2026-12-06, run 103, 3 rounds, us per call, pool against 4-warp blocks): B=8 N=32768 72.1 /
+// 74.7, B=32 N=4096 42.2 / 44.1 (blocks of 8 warps), but B=1 N=131072 (8 row tiles: 16 splits
+// merged in the kernel) 45.3 / 43.6 (64 splits and the combine kernel). QSDPA_POOL_2BIT=0/1 in
+// the environment sets the start (a tuning knob: one build timed both ways), cuda::set_pool_2bit
+// (a test hook) any time.
 std::atomic<bool> g_pool_2bit{env_digit("QSDPA_POOL_2BIT", 1, 1) == 1};
+constexpr int kPool2BitMinUnitsPerSm = 4;  // (row tiles * this >= SMs)
 // The pool is taken when the call's 32-token tiles are at least this many per warp of a full
 // wave of its blocks (16 warps per multiprocessor): the latency-bound small calls keep the 4-warp
 // blocks, which spread a few tiles over more blocks ...
@@ -385,7 +388,8 @@ int pool_wanted(const AttnArgs& a, int64_t units, int64_t span, int sms) {
   const int mode = g_pool_mode.load(std::memory_order_relaxed);
   if (mode == 0 || !cuda::mma_pool_fits(a)) return 0;
   if (mode >= 2) return mode - 1;
-  if (a.k_bits == 2 && !g_pool_2bit.load(std::memory_order_relaxed)) return 0;
+  if (a.k_bits == 2 && (!g_pool_2bit.load(std::memory_order_relaxed) || units * kPool2BitMinUnitsPerSm < sms))
+    return 0;
   const int64_t tiles = units * ((span + cuda::kPoolTileTokens - 1) / cuda::kPoolTileTokens);
   if (units <= 0 || tiles < int64_t(sms) * cuda::kPoolBlockWarps * kPoolMinTilesPerWarp) return 0;
   // (the splits of one round fill the slots: sms blocks of 16 warps, or 2 sms of 8)

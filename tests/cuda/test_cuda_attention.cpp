@@ -488,12 +488,14 @@ TEST(CudaAttention, TilePoolBlocks) {
   EXPECT_EQ(cuda::planned_pool(shape(1, 131072, 4)), here ? 1 : 0);
   EXPECT_FALSE(cuda::uses_block_pool(shape(1, 4096, 4)));
   EXPECT_FALSE(cuda::uses_block_pool(shape(8, 32768, 8)));
-  // 2-bit (f16) as 4-bit, unless cuda::set_pool_2bit keeps it off the pool
+  // 2-bit (f16) as 4-bit where the row tiles are at least a quarter of the SMs, unless
+  // cuda::set_pool_2bit keeps it off the pool
   const bool pool2 = cuda::set_pool_2bit(true);
   EXPECT_EQ(cuda::planned_pool(shape(8, 32768, 2)), here ? 1 : 0);
   EXPECT_EQ(cuda::uses_cluster_merge(shape(8, 32768, 2)), here) << "64 clusters of 2";
   EXPECT_EQ(cuda::planned_pool(shape(32, 4096, 2)), here ? 2 : 0);
   EXPECT_FALSE(cuda::uses_block_pool(shape(1, 4096, 2)));
+  EXPECT_FALSE(cuda::uses_block_pool(shape(1, 131072, 2))) << "8 row tiles: under a quarter of the SMs";
   cuda::set_pool_2bit(false);
   EXPECT_FALSE(cuda::uses_block_pool(shape(8, 32768, 2)));
   EXPECT_EQ(cuda::planned_pool(shape(8, 32768, 4)), here ? 1 : 0);
