@@ -42,10 +42,10 @@ bool uses_combine_arrivals(const AttentionParams& p);
 int64_t set_merge_max_loads(int64_t loads);
 // The tensor-core kernel's tile pool (AttnArgs::pool: blocks of 16 warps, or of 8, taking tiles
 // from a counter in shared memory): 0 never, 1 (the default) on problems large enough, 2 wherever
-// its instantiations fit (contiguous caches, 4-bit g64 keys and values or 2-bit f16 ones, D = 128, at most 8 query
-// rows per KV head, sm_90a) in blocks of 16 warps, 3 the same in blocks of 8, for the whole
-// process; returns the previous mode. Whether attention(p) would take it now on the current
-// device, and which (planned_pool: 0 none, 1 blocks of 16 warps, 2 blocks of 8).
+// its instantiations fit (contiguous caches, g64 keys and values, D = 128, sm_90a: 4-bit with at
+// most 8 query rows per KV head, or 2-bit f16) in blocks of 16 warps, 3 the same in blocks of 8,
+// for the whole process; returns the previous mode. Whether attention(p) would take it now on the
+// current device, and which (planned_pool: 0 none, 1 blocks of 16 warps, 2 blocks of 8).
 int set_block_pool(int mode);
 bool uses_block_pool(const AttentionParams& p);
 int planned_pool(const AttentionParams& p);
