@@ -19,7 +19,9 @@
 # QSDPA_GPU_SANITIZE=0 skips compute-sanitizer (timing-only runs). Each step has a time limit
 # taken from what is left of QSDPA_GPU_BUDGET seconds (default 450), so the run ends in time and
 # summary.txt always says what ran and what did not. The build keeps 150 of them for the later
-# steps: a budget under ~250 starves it (run 101's 170 left it 20 s). scripts/gpu_mutants.sh runs
+# steps (QSDPA_GPU_BUILD_RESERVE): a budget under ~250 starves it (run 101's 170 left it 20 s); on
+# the H200 machine of run 103 (16 jobs) the whole build took 52 s, so a short run (narrowed tests,
+# no sanitizers) may set the reserve to ~60 and the budget to ~200. scripts/gpu_mutants.sh runs
 # after it, in the same build folder.
 set -uo pipefail
 
@@ -30,6 +32,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 build="${QSDPA_GPU_BUILD:-build-gpu}"
 budget="${QSDPA_GPU_BUDGET:-450}"
+reserve="${QSDPA_GPU_BUILD_RESERVE:-150}"  # seconds of the budget the build leaves to the later steps
 start=$(date +%s)
 summary="$out/summary.txt"
 : >"$summary"
@@ -78,13 +81,13 @@ jobs=$(nproc)
     -DCMAKE_CUDA_ARCHITECTURES=90a-real -DQSDPA_TEST_MLX=OFF "${deps_flag[@]}" \
     "-DCMAKE_CUDA_FLAGS=${QSDPA_GPU_CUDA_FLAGS:-}" \
     -DQSDPA_PYTHON=ON -DPython_EXECUTABLE="$(command -v python3)" &&
-    timeout "$(limit 300 150)" cmake --build "$build" -j"$jobs"
+    timeout "$(limit 300 "$reserve")" cmake --build "$build" -j"$jobs"
 } >"$out/build.log" 2>&1
 build_rc=$?
 if [ $build_rc -ne 0 ]; then
   say "build: FAILED (rc $build_rc) after $(elapsed) s; building the CUDA tests alone"
   grep -E "error|FAILED" "$out/build.log" | head -20 | sed 's/^/  /' | tee -a "$summary"
-  timeout "$(limit 120 150)" cmake --build "$build" -j"$jobs" \
+  timeout "$(limit 120 "$reserve")" cmake --build "$build" -j"$jobs" \
     --target test_cuda_attention test_cuda_runtime test_cuda_quantize >>"$out/build.log" 2>&1
   say "build of the CUDA tests: rc $?"
 else

@@ -246,10 +246,19 @@ constexpr bool kDSplitCopy = QSDPA_MMA_DSPLIT_COPY != 0;
 // The L2 evict-first policy on the cache's copies, per instantiation (QSDPA_MMA_EVICT_FIRST, in
 // mma_ptx.cuh: 0 none, 1 all, 2 all but the two kinds of kernel it made slower in run 96 (H100,
 // the default sweep, 3 rounds against 0): 2-bit keys and values (+1.5 us) and D = 512 with 4-bit
-// keys and values (+0.7 us), which then compile to run 96's code without it.
+// keys and values (+0.7 us), which then compile to run 96's code without it; 3 (the default since
+// the thirtieth session) also not for D = 128 with 4-bit keys and values. Why 3: the first H200
+// run of mode 2 (run 103, 2026-12-06) had every 4-bit D = 128 shape slower than run 92's build
+// (evict-first nowhere; the only change to those kernels since): B=8 N=32768 80.3 -> 82.3 us,
+// B=1 N=131072 48.5 -> 49.7, B=32 N=4096 44.9 -> 45.9, Lq=4 103.9 -> 108.6 (1.29x -> 1.32x of
+// Lq=1), each at or past the top of its range over runs 77-92, while the 8-bit D = 128 shapes,
+// D = 256 and D = 512 8-bit gained 0.5-2.7 us. Not yet timed against mode 2 in one H200 run; on
+// the H100 (run 96) evict-first had made B=8 4-bit 2.0 us and Lq=4 4-bit 1.5 us faster.
 __host__ __device__ constexpr bool evict_first_for(int D, int BITS, int VBITS) {
+  const bool four = BITS == 4 && VBITS == 4;
   return QSDPA_MMA_EVICT_FIRST == 1 ||
-         (QSDPA_MMA_EVICT_FIRST == 2 && !(BITS == 2 && VBITS == 2) && !(D == 512 && BITS == 4 && VBITS == 4));
+         (QSDPA_MMA_EVICT_FIRST >= 2 && !(BITS == 2 && VBITS == 2) && !(D == 512 && four) &&
+          !(QSDPA_MMA_EVICT_FIRST == 3 && D == 128 && four));
 }
 
 // Head dims per warp: D = 512 splits the head dims over the 4 warps of a block (kDS, "d-split"),
