@@ -70,6 +70,8 @@ mutants=(
   'dsplit-partial-short|src/cuda/mma_kernel.cuh|s/^          const bool in = sc_lane_k + 8 \* j < lf;$/          const bool in = sc_lane_k + 8 * j < lf - 1;/|the d-split'"'"'s last, partial tile zero-fills the scales of its last token|test_cuda_attention@CudaAttention.HeadDim512OnTensorCores:CudaAttention.WideRowsManySplitsInKernelMerge test_cuda_serving@CudaServingWide.*|g64'
   'rowsm-seven-warps|src/cuda/mma_rowsm.cuh|s/for (int w2 = 0; w2 < W; ++w2) {  \/\/ (the same order/for (int w2 = 0; w2 < W - 1; ++w2) {  \/\/ (the same order/|the rows-on-M D = 512 kernel'"'"'s row owners sum the partial logits of 7 of the 8 warps (the last 64 head dims dropped)|test_cuda_attention@CudaAttention.HeadDim512RowsOnM|g64'
   'rowsm-pipe-slot|src/cuda/mma_rowsm.cuh|s/      step_values(sv, xo);/      step_values(sa, xo);/|the rows-on-M kernel'"'"'s pipelined loop (4-bit) takes the values of the tile whose keys it just used (ring slot of tile it + 1, not it)|test_cuda_attention@CudaAttention.HeadDim512RowsOnM|g64'
+  'pool-2bit-as-4|src/cuda/mma_dispatch_impl.cuh|s/if (a.k_bits == 2) return d.template operator()<T, 2, 2>();/if (a.k_bits == 2) return d.template operator()<T, 4, 4>();/|the tile pool runs 2-bit caches on its 4-bit kernels|'"$tests_pool"'|g64'
+  'pool-2bit-all-sizes|src/cuda/backend.cu|s/units \* kPool2BitMinUnitsPerSm < sms/units * kPool2BitMinUnitsPerSm < 0/|the planner takes the 2-bit pool for any number of row tiles (B=1 N=131072 too)|test_cuda_attention@CudaAttention.TilePoolBlocks|all'
   'zeroed-unasked|src/cuda/backend.cu|s/return in_kernel_merge(a, !p.workspace .. p.workspace_zeroed);/return in_kernel_merge(a, true);/|a caller'"'"'s workspace is taken as zero-filled without workspace_zeroed|test_cuda_runtime@'"$tests_rt"'|all'
 )
 # QSDPA_MUTANTS='name name': only these (default: all)
@@ -117,20 +119,27 @@ for m in "${mutants[@]}"; do
   timeout $((left - 60)) cmake --build "$build" -j"$(nproc)" --target "${progs[@]}" >>"$log" 2>&1
   brc=$?
   if [ $brc -ne 0 ]; then say "mutant $name: build failed (rc $brc)"; continue; fi
-  failed=0 passed=0 names=""
+  failed=0 passed=0 names="" crashed=0
   for pair in $tests; do
     bin="${pair%%@*}" filt="${pair#*@}"
     left=$((budget - ($(date +%s) - start)))
     txt=$(timeout $((left > 40 ? left - 20 : 20)) "$build/tests/$bin" --gtest_filter="$filt" 2>&1)
+    prc=$?
     echo "$txt" >>"$log"
     f=$(echo "$txt" | grep '^\[  FAILED  \] [A-Za-z]' | sed 's/ (.*//' | sort -u | wc -l)
     p=$(echo "$txt" | grep -c '^\[       OK \]')
     failed=$((failed + f)) passed=$((passed + p))
     names="$names $(echo "$txt" | grep '^\[  FAILED  \] [A-Za-z]' | sed 's/^\[  FAILED  \] //; s/ .*//' | sort -u | tr '\n' ' ')"
-    echo "$txt" | grep -q '^\[  PASSED  \]\|^\[  FAILED  \] [0-9]* test' || names="$names (${bin}: did not finish)"
+    if ! echo "$txt" | grep -q '^\[  PASSED  \]\|^\[  FAILED  \] [0-9]* test'; then
+      if [ "$prc" -eq 124 ]; then
+        names="$names (${bin}: cut off by the budget)"
+      else  # (crashed, e.g. on an illegal address: the mutant was caught)
+        names="$names (${bin}: crashed, rc $prc)" crashed=$((crashed + 1))
+      fi
+    fi
   done
   verdict=KILLED
-  [ "$failed" -eq 0 ] && verdict=SURVIVED
+  [ "$failed" -eq 0 ] && [ "$crashed" -eq 0 ] && verdict=SURVIVED
   say "mutant $name ($what): $verdict: $failed tests failed, $passed passed ($(($(date +%s) - t0)) s, build and tests)"
   say "  failed:$names"
 done
