@@ -71,7 +71,7 @@ mutants=(
   'rowsm-seven-warps|src/cuda/mma_rowsm.cuh|s/for (int w2 = 0; w2 < W; ++w2) {  \/\/ (the same order/for (int w2 = 0; w2 < W - 1; ++w2) {  \/\/ (the same order/|the rows-on-M D = 512 kernel'"'"'s row owners sum the partial logits of 7 of the 8 warps (the last 64 head dims dropped)|test_cuda_attention@CudaAttention.HeadDim512RowsOnM|g64'
   'rowsm-pipe-slot|src/cuda/mma_rowsm.cuh|s/      step_values(sv, xo);/      step_values(sa, xo);/|the rows-on-M kernel'"'"'s pipelined loop (4-bit) takes the values of the tile whose keys it just used (ring slot of tile it + 1, not it)|test_cuda_attention@CudaAttention.HeadDim512RowsOnM|g64'
   'pool-2bit-as-4|src/cuda/mma_dispatch_impl.cuh|s/if (a.k_bits == 2) return d.template operator()<T, 2, 2>();/if (a.k_bits == 2) return d.template operator()<T, 4, 4>();/|the tile pool runs 2-bit caches on its 4-bit kernels|'"$tests_pool"'|g64'
-  'pool-2bit-all-sizes|src/cuda/backend.cu|s/units \* kPool2BitMinUnitsPerSm < sms/units * kPool2BitMinUnitsPerSm < 0/|the planner takes the 2-bit pool for any number of row tiles (B=1 N=131072 too)|test_cuda_attention@CudaAttention.TilePoolBlocks|all'
+  'pool-2bit-all-sizes|src/cuda/backend.cu|s/units \* kPool2BitSmsPerRowTile < sms/units * kPool2BitSmsPerRowTile < 0/|the planner takes the 2-bit pool for any number of row tiles (B=1 N=131072 too)|test_cuda_attention@CudaAttention.TilePoolBlocks|all'
   'zeroed-unasked|src/cuda/backend.cu|s/return in_kernel_merge(a, !p.workspace .. p.workspace_zeroed);/return in_kernel_merge(a, true);/|a caller'"'"'s workspace is taken as zero-filled without workspace_zeroed|test_cuda_runtime@'"$tests_rt"'|all'
 )
 # QSDPA_MUTANTS='name name': only these (default: all)

@@ -82,12 +82,12 @@ auto with_group(const AttnArgs& a, int kind, Fn&& fn) {
 }
 
 // Whether the tile pool's instantiations (mmak::kContigPool) can read `a`: contiguous caches, groups
-// of 64 as a constant, D = 128, one n-tile of query rows, 4-bit keys and values, or 2-bit ones
-// with f16 (mma_dispatch_impl.cuh: no bf16 2-bit pool kernels, to keep the build short).
+// of 64 as a constant, D = 128, one n-tile of query rows, keys and values of one width that the
+// pool has kernels for (mmad::pool_has: 4 bits, or 2 with f16).
 bool pool_fits(const AttnArgs& a) {
   const int kind = layout_kind(a);
-  const bool bits = a.k_bits == a.v_bits && (a.k_bits == 4 || (a.k_bits == 2 && a.dtype == mmad::kF16));
-  return kind == mmak::kContig && fixed_group(a, kind) && bits && a.D == 128 && n_tiles(a) == 1;
+  return kind == mmak::kContig && fixed_group(a, kind) && a.k_bits == a.v_bits && mmad::pool_has(a.dtype, a.k_bits) &&
+         a.D == 128 && n_tiles(a) == 1;
 }
 
 // Calls fn.template operator()<LAYOUT, GC>() for the instantiation that reads `a`: its layout (the

@@ -103,7 +103,7 @@ std::atomic<bool> g_pool_cluster{env_digit("QSDPA_POOL_CLUSTER", 1, 1) == 1};
 // the environment sets the start (a tuning knob: one build timed both ways), cuda::set_pool_2bit
 // (a test hook) any time.
 std::atomic<bool> g_pool_2bit{env_digit("QSDPA_POOL_2BIT", 1, 1) == 1};
-constexpr int kPool2BitMinUnitsPerSm = 4;  // (row tiles * this >= SMs)
+constexpr int kPool2BitSmsPerRowTile = 4;  // (the most SMs per row tile that 2-bit takes the pool at)
 // The pool is taken when the call's 32-token tiles are at least this many per warp of a full
 // wave of its blocks (16 warps per multiprocessor): the latency-bound small calls keep the 4-warp
 // blocks, which spread a few tiles over more blocks ...
@@ -388,7 +388,7 @@ int pool_wanted(const AttnArgs& a, int64_t units, int64_t span, int sms) {
   const int mode = g_pool_mode.load(std::memory_order_relaxed);
   if (mode == 0 || !cuda::mma_pool_fits(a)) return 0;
   if (mode >= 2) return mode - 1;
-  if (a.k_bits == 2 && (!g_pool_2bit.load(std::memory_order_relaxed) || units * kPool2BitMinUnitsPerSm < sms))
+  if (a.k_bits == 2 && (!g_pool_2bit.load(std::memory_order_relaxed) || units * kPool2BitSmsPerRowTile < sms))
     return 0;
   const int64_t tiles = units * ((span + cuda::kPoolTileTokens - 1) / cuda::kPoolTileTokens);
   if (units <= 0 || tiles < int64_t(sms) * cuda::kPoolBlockWarps * kPoolMinTilesPerWarp) return 0;

@@ -21,6 +21,11 @@
 namespace qsdpa::cuda::mmad {
 
 constexpr int kF16 = 1, kBF16 = 2;
+// Whether the tile pool (mmak::kContigPool, kContigPoolCluster, kContigPoolPair) has kernels for
+// keys and values of `bits` bits in the element type `dtype` (kF16 / kBF16): 4 bits, and 2 bits
+// with f16 alone (to keep the build short). The one rule the dispatch (mma_dispatch_impl.cuh) and
+// the host's pool_fits (attention_mma.cu) both follow.
+constexpr bool pool_has(int dtype, int bits) { return bits == 4 || (bits == 2 && dtype == kF16); }
 // Copy-ring stages per warp. Two rather than three: measured 3 % faster on the 4-bit D = 128
 // headline (same 3 blocks per SM), and it cuts the shared memory of a block by a third, which
 // lets 8-bit D = 128 run 3 blocks per SM instead of 2 and D = 256 run 2 instead of 1 (and fit

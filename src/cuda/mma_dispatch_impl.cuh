@@ -21,8 +21,8 @@ namespace impl {
 // query so that both always name the same kernel. D is 64, 128 or 256 (2 bits: 128 or 256;
 // mma_supports), or 512 for the layout kContigWide alone.
 // 2 bits and GC != 0 (a constant group size): D is 128 or 256 only; 2 bits: one n-tile only.
-// The tile pool (kContigPool, kContigPoolCluster, kContigPoolPair) has 4-bit keys and values, and
-// 2-bit ones with f16 alone, D = 128 and one n-tile alone (pool_fits, attention_mma.cu).
+// The tile pool (kContigPool, kContigPoolCluster, kContigPoolPair) has the formats pool_has names,
+// D = 128 and one n-tile alone (pool_fits, attention_mma.cu).
 template <int LAYOUT, bool MIXED, int GC, class Fn>
 auto visit(const AttnArgs& a, Fn&& fn) {
   const auto d = [&]<class T, int BITS, int VBITS>() {
@@ -48,7 +48,7 @@ auto visit(const AttnArgs& a, Fn&& fn) {
     if constexpr (MIXED) {
       return d.template operator()<T, 8, 4>();
     } else if constexpr (mmak::is_pool(LAYOUT)) {
-      if constexpr (!std::is_same_v<T, __nv_bfloat16>)
+      if constexpr (pool_has(std::is_same_v<T, __nv_bfloat16> ? kBF16 : kF16, 2))
         if (a.k_bits == 2) return d.template operator()<T, 2, 2>();
       return d.template operator()<T, 4, 4>();
     } else {
