@@ -10,7 +10,10 @@ which reads each KV head once as enable_gqa does). Lq > 1 rows sit at the end of
 call, median of --iters calls after --warmup, inputs rotated over enough copies that one rotation
 reads at least 5x the GPU's L2. Inputs are Gaussian, never zeros.
 
-Usage: torch_sdpa.py --shapes FILE [--iters 100] [--warmup 10]
+With --cold-l2, before each call (outside its events) a sum over a buffer of twice the L2 reads
+other data, as `qsdpa bench --cold-l2` does before its own calls.
+
+Usage: torch_sdpa.py --shapes FILE [--iters 100] [--warmup 10] [--cold-l2]
 FILE holds {"shapes": [{"B":..,"Hq":..,"Hkv":..,"Lq":..,"N":..,"D":..,"dtype":"f16"}, ...]}.
 Prints progress on stderr and, as its last line on stdout, a JSON array with one object per shape:
 {"torch_time_us", "torch_gbps", "torch_bytes", "torch_variant", "torch_version"} or {"error"}.
@@ -65,7 +68,7 @@ def make_call(torch, F, s, q, k, v, mask_cache):
     raise RuntimeError("no form of scaled_dot_product_attention ran on this shape")
 
 
-def time_shape(torch, F, s, iters, warmup, l2_bytes):
+def time_shape(torch, F, s, iters, warmup, l2_bytes, other=None):
     dtypes = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
     dt = dtypes[s.get("dtype", "f16")]
     B, Hq, Hkv, Lq, N, D = (int(s[x]) for x in ("B", "Hq", "Hkv", "Lq", "N", "D"))
@@ -83,12 +86,18 @@ def time_shape(torch, F, s, iters, warmup, l2_bytes):
     fn, variant = make_call(torch, F, {"B": B, "Hq": Hq, "Hkv": Hkv, "Lq": Lq, "N": N, "D": D},
                             qs[0], ks[0], vs[0], {})
     stream = torch.cuda.current_stream()
+    def read_other():  # --cold-l2: L2 left holding other data before each call
+        if other is not None:
+            other.sum()
+
     for i in range(warmup):
+        read_other()
         fn(qs[i % copies], ks[i % copies], vs[i % copies])
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     for i in range(iters):
         c = (warmup + i) % copies
+        read_other()
         starts[i].record(stream)
         fn(qs[c], ks[c], vs[c])
         ends[i].record(stream)
@@ -107,6 +116,8 @@ def main():
     ap.add_argument("--shapes", required=True, help="JSON file with {'shapes': [...]}")
     ap.add_argument("--iters", type=int, default=100, help="timed calls per shape (at least 50)")
     ap.add_argument("--warmup", type=int, default=10, help="untimed calls first")
+    ap.add_argument("--cold-l2", action="store_true",
+                    help="before each call, read twice the L2 of other data (outside the timing)")
     args = ap.parse_args()
     with open(args.shapes) as f:
         shapes = json.load(f)["shapes"]
@@ -122,12 +133,14 @@ def main():
     l2 = int(getattr(props, "L2_cache_size", 0) or (60 << 20))
     log(f"torch_sdpa: torch {torch.__version__} on {props.name}, L2 {l2 >> 20} MB, median of {iters}")
 
+    # (int32 words: the sum reads each once; filled, so that the pages are real)
+    other = torch.ones(2 * l2 // 4, dtype=torch.int32, device="cuda") if args.cold_l2 else None
     results, done = [], {}
     for s in shapes:
         key = tuple(s.get(x) for x in ("B", "Hq", "Hkv", "Lq", "N", "D", "dtype"))
         if key not in done:  # the 4-bit and 8-bit shapes share one fp16 baseline
             try:
-                done[key] = time_shape(torch, F, s, iters, args.warmup, l2)
+                done[key] = time_shape(torch, F, s, iters, args.warmup, l2, other)
                 log(f"  {key}: {done[key]['torch_time_us']:.2f} us ({done[key]['torch_variant']})")
             except Exception as e:  # one shape failing must not lose the others
                 done[key] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}

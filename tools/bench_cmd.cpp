@@ -75,6 +75,7 @@ Status bench_one(const BenchOptions& o, Backend backend, const BenchShape& bs, d
 
   TimeOptions to;
   to.iters = o.iters;
+  to.cold_cache = o.cold_l2;
   to.min_iters = 5;   // host: each shape gets about 1.5 s of timed calls, 5 to 50 of them
   to.max_iters = 50;
   Timing t;
@@ -85,6 +86,7 @@ Status bench_one(const BenchOptions& o, Backend backend, const BenchShape& bs, d
   r["min_time_us"] = t.min_us;
   r["iters"] = t.iters;
   r["warmup"] = t.warmup;
+  if (t.cold_bytes > 0) r["cold_l2_bytes"] = t.cold_bytes;  // read before each call (--cold-l2)
   r["copies"] = runner->copies();
   r["rotation_bytes"] = runner->rotation_bytes();
   r["bytes"] = bytes;
@@ -233,7 +235,7 @@ Status bench_command(const BenchOptions& o) {
       info << "PyTorch comparison skipped: bench/torch_sdpa.py not found (give --torch-script)\n";
     } else if (!torch_available()) {
       info << "PyTorch comparison skipped: python3 cannot import torch, or torch sees no GPU\n";
-    } else if (Status st = torch_compare(records, script, std::max(50, o.iters > 0 ? o.iters : 100)); !st) {
+    } else if (Status st = torch_compare(records, script, std::max(50, o.iters > 0 ? o.iters : 100), o.cold_l2); !st) {
       info << "PyTorch comparison failed: " << st.message << "\n";
     } else if (table) {
       std::cout << "\nPyTorch F.scaled_dot_product_attention on an fp16 cache (" << script

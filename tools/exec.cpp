@@ -188,11 +188,13 @@ Runner::~Runner() {
     if (stream_) cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
     for (void* a : arenas_) cudaFree(a);
     if (workspace_) cudaFree(workspace_);
+    if (other_) cudaFree(other_);
     if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
     return;
   }
 #endif
   for (void* a : arenas_) std::free(a);
+  std::free(other_);
 }
 
 int64_t Runner::rotation_bytes() const { return bytes_per_call_ * int64_t(params_.size()); }
@@ -206,39 +208,82 @@ Status Runner::sync() {
   return Status{};
 }
 
+Status Runner::read_other() {
+  if (!other_) {
+    // Twice the last-level cache, filled (host: so that the pages are real memory, not the zero
+    // page), plus 16 bytes for the device's sum.
+    const int64_t bytes = (2 * last_level_cache_bytes(backend_) + 63) / 64 * 64;
+#ifdef QSDPA_WITH_CUDA
+    if (backend_ == Backend::cuda) {
+      const cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+      QSDPA_CUDA_TRY(cudaMalloc(&other_, size_t(bytes) + 16));
+      QSDPA_CUDA_TRY(cudaMemsetAsync(other_, 0x5b, size_t(bytes) + 16, stream));
+    }
+#endif
+    if (backend_ != Backend::cuda) {
+      other_ = std::aligned_alloc(64, size_t(bytes));
+      if (!other_) return error(StatusCode::invalid_argument, "out of host memory for --cold-l2's buffer");
+      std::memset(other_, 0x5b, size_t(bytes));
+    }
+    other_bytes_ = bytes;
+  }
+#ifdef QSDPA_WITH_CUDA
+  if (backend_ == Backend::cuda) {
+    uint8_t* base = static_cast<uint8_t*>(other_);
+    return qsdpa::cuda::read_through_l2(base, size_t(other_bytes_), reinterpret_cast<uint32_t*>(base + other_bytes_),
+                                        stream_);
+  }
+#endif
+  const uint64_t* w = static_cast<const uint64_t*>(other_);
+  uint64_t s = 0;
+  for (int64_t i = 0; i < other_bytes_ / 8; ++i) s += w[i];
+  other_sum_ += s;
+  return Status{};
+}
+
 Status Runner::time(const TimeOptions& o, Timing* t) {
   int next = 0;
+  // (TimeOptions::cold_cache: before each call, outside its timing)
+  auto cold = [&]() { return o.cold_cache ? read_other() : Status{}; };
   if (backend_ != Backend::cuda) {
+    if (Status st = cold(); !st) return st;
     const auto t0 = std::chrono::steady_clock::now();
     if (Status st = call(next++); !st) return st;
     const double first = seconds_since(t0);
     t->warmup = o.warmup >= 0 ? o.warmup : (first < 0.2 ? 3 : 1);
-    for (int i = 1; i < t->warmup; ++i)
+    for (int i = 1; i < t->warmup; ++i) {
+      if (Status st = cold(); !st) return st;
       if (Status st = call(next++); !st) return st;
+    }
     t->iters = o.iters > 0 ? o.iters
                            : int(std::clamp(o.target_s / std::max(first, 1e-9), double(o.min_iters), double(o.max_iters)));
     std::vector<double> us;
     for (int i = 0; i < t->iters; ++i) {
+      if (Status st = cold(); !st) return st;
       const auto c0 = std::chrono::steady_clock::now();
       if (Status st = call(next++); !st) return st;
       us.push_back(seconds_since(c0) * 1e6);
     }
     t->median_us = median(us);
     t->min_us = *std::min_element(us.begin(), us.end());
+    t->cold_bytes = o.cold_cache ? other_bytes_ : 0;
     return Status{};
   }
 #ifdef QSDPA_WITH_CUDA
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_);
   t->warmup = o.warmup >= 0 ? o.warmup : 10;
   t->iters = o.iters > 0 ? o.iters : o.device_iters;
-  for (int i = 0; i < t->warmup; ++i)
+  for (int i = 0; i < t->warmup; ++i) {
+    if (Status st = cold(); !st) return st;
     if (Status st = call(next++); !st) return st;
+  }
   std::vector<cudaEvent_t> ev(size_t(2 * t->iters), nullptr);
   Status result;
   for (auto& e : ev)
     if (Status st = cuda_check(cudaEventCreate(&e), "cudaEventCreate"); !st) result = st;
   for (int i = 0; i < t->iters && result; ++i) {
-    result = cuda_check(cudaEventRecord(ev[size_t(2 * i)], stream), "cudaEventRecord");
+    result = cold();
+    if (result) result = cuda_check(cudaEventRecord(ev[size_t(2 * i)], stream), "cudaEventRecord");
     if (result) result = call(next++);
     if (result) result = cuda_check(cudaEventRecord(ev[size_t(2 * i + 1)], stream), "cudaEventRecord");
   }
@@ -254,6 +299,7 @@ Status Runner::time(const TimeOptions& o, Timing* t) {
   if (!result) return result;
   t->median_us = median(us);
   t->min_us = *std::min_element(us.begin(), us.end());
+  t->cold_bytes = o.cold_cache ? other_bytes_ : 0;
   return Status{};
 #else
   return error(StatusCode::not_built, "backend (cuda) is not built into this program");

@@ -17,11 +17,16 @@ struct TimeOptions {
   double target_s = 1.5;  // host, automatic iters: aim at this much timed work
   int min_iters = 3, max_iters = 200;  // host, automatic iters: bounds
   int device_iters = 100;  // CUDA, automatic iters
+  // Before each call (warm-up and timed, outside its timing): a read of twice the last-level cache
+  // of other data (CUDA: a kernel with the normal L2 policy; host: one thread), so that no call
+  // starts with the cache as the call before it, or the shape before it, left it.
+  bool cold_cache = false;
 };
 
 struct Timing {
   double median_us = 0, min_us = 0;
   int iters = 0, warmup = 0;
+  int64_t cold_bytes = 0;  // bytes read before each call (TimeOptions::cold_cache), 0 without
 };
 
 class Runner {
@@ -64,6 +69,8 @@ class Runner {
  private:
   Runner() = default;
   Status sync();
+  // TimeOptions::cold_cache: reads other_ (allocated on first use, twice the last-level cache).
+  Status read_other();
   Backend backend_ = Backend::cpu;
   int64_t bytes_per_call_ = 0;
   size_t out_offset_ = 0, out_bytes_ = 0;
@@ -71,6 +78,9 @@ class Runner {
   std::vector<qsdpa::AttentionParams> params_;
   void* stream_ = nullptr;  // cudaStream_t
   void* workspace_ = nullptr;
+  void* other_ = nullptr;  // host (aligned_alloc) or device (cudaMalloc; its last 16 bytes: the sum)
+  int64_t other_bytes_ = 0;
+  uint64_t other_sum_ = 0;  // host: what the reads summed (kept, so that they happen)
 };
 
 // What the timing runs on: the GPU's name, or the CPU model and thread count.

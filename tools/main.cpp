@@ -146,6 +146,10 @@ int real_main(int argc, char** argv) {
   bool no_torch = false, no_pdl = false;
   bench->add_flag("--no-torch", no_torch, "skip the PyTorch comparison");
   bench->add_flag("--no-pdl", no_pdl, "cuda: launch without programmatic dependent launch (AttentionParams::pdl false)");
+  bench->add_flag("--cold-l2", bo.cold_l2,
+                  "before each call (outside its timing), read twice the GPU's L2 (the CPU's L3) of other data, "
+                  "as the kernel before an attention call in a model would: every call starts with the cache "
+                  "holding someone else's lines, whatever the shape before it left");
   bench->add_option("--torch-script", bo.torch_script, "the PyTorch timing script (default: bench/torch_sdpa.py)");
 
   bool info_json = false;

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Smoke test of the qsdpa program (no GPU, no third-party modules): `qsdpa info` runs; a small
 `qsdpa run` on the reference backend prints JSON that parses, with the expected fields and a small
-error; a bad flag fails with one line naming it; a library error is one `qsdpa: error:` line."""
+error; `qsdpa bench --cold-l2` on the CPU says what it read before each call; a bad flag fails with
+one line naming it; a library error is one `qsdpa: error:` line."""
 import json
 import subprocess
 import sys
@@ -60,6 +61,22 @@ def main():
         fail("the JSON does not describe the paged problem asked for", p)
     if r["k_bits"] != 8 or r["v_bits"] != 4 or not (0 <= r["err_vs_reference"] < 1e-3):
         fail(f"paged run: formats or error wrong (err {r['err_vs_reference']})", p)
+
+    # `qsdpa bench --cold-l2` on the CPU backend: each call preceded by a read of twice the L3,
+    # said in the record (and absent without the flag).
+    for cold in (True, False):
+        args = ["bench", "--backend", "cpu", "--B", "1", "--Hq", "8", "--Hkv", "2", "--N", "256",
+                "--iters", "3", "--jsonl"] + (["--cold-l2"] if cold else [])
+        p = run(exe, *args)
+        if p.returncode != 0:
+            fail("qsdpa bench " + " ".join(args[1:]) + " exited non-zero", p)
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        if not (r["time_us"] > 0 and r["iters"] == 3 and r["N"] == 256):
+            fail("qsdpa bench: the record does not describe the shape and timing asked for", p)
+        if cold and not (r.get("cold_l2_bytes", 0) >= 2 << 20 and r["cold_l2_bytes"] % 16 == 0):
+            fail("qsdpa bench --cold-l2: cold_l2_bytes missing or not twice a last-level cache", p)
+        if not cold and "cold_l2_bytes" in r:
+            fail("qsdpa bench without --cold-l2 reports cold_l2_bytes", p)
 
     p = run(exe, "run", "--bits", "3")
     lines = [l for l in p.stderr.splitlines() if l.strip()]

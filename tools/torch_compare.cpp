@@ -39,7 +39,7 @@ std::string find_torch_script(const std::string& given) {
   return "";
 }
 
-Status torch_compare(json& records, const std::string& script, int iters) {
+Status torch_compare(json& records, const std::string& script, int iters, bool cold_l2) {
   json shapes = json::array();
   for (const auto& r : records)
     shapes.push_back({{"B", r["B"]}, {"Hq", r["Hq"]}, {"Hkv", r["Hkv"]}, {"Lq", r["Lq"]},
@@ -53,7 +53,7 @@ Status torch_compare(json& records, const std::string& script, int iters) {
     f << json{{"shapes", shapes}}.dump();
   }
   const std::string cmd = "python3 " + shell_quote(script) + " --shapes " + shell_quote(path) +
-                          " --iters " + std::to_string(iters);
+                          " --iters " + std::to_string(iters) + (cold_l2 ? " --cold-l2" : "");
   std::string text;
   if (FILE* p = popen(cmd.c_str(), "r")) {
     char buf[4096];

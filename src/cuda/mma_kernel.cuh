@@ -253,7 +253,11 @@ constexpr bool kDSplitCopy = QSDPA_MMA_DSPLIT_COPY != 0;
 // B=1 N=131072 48.5 -> 49.7, B=32 N=4096 44.9 -> 45.9, Lq=4 103.9 -> 108.6 (1.29x -> 1.32x of
 // Lq=1), each at or past the top of its range over runs 77-92, while the 8-bit D = 128 shapes,
 // D = 256 and D = 512 8-bit gained 0.5-2.7 us. Not yet timed against mode 2 in one H200 run; on
-// the H100 (run 96) evict-first had made B=8 4-bit 2.0 us and Lq=4 4-bit 1.5 us faster.
+// the H100 (run 96) evict-first had made B=8 4-bit 2.0 us and Lq=4 4-bit 1.5 us faster, and on
+// two H100s (runs 104-105, the default sweep) mode 2 was 0.5-1.6 us faster on those shapes, but
+// the 8-bit D = 128 shapes, the same code in both modes, were 1.5-4 us apart as well: what a
+// shape inherits from the sweep enters these comparisons (docs/PERF.md, runs 104-106), and the
+// choice waits for a run with `qsdpa bench --cold-l2`.
 __host__ __device__ constexpr bool evict_first_for(int D, int BITS, int VBITS) {
   const bool four = BITS == 4 && VBITS == 4;
   return QSDPA_MMA_EVICT_FIRST == 1 ||

@@ -448,3 +448,37 @@ TEST(CudaRuntime, HostMemoryIsRejected) {
   ASSERT_EQ(d.fetch(), "");
   EXPECT_TRUE(all_bytes(h.out, 0xff)) << "out was written by a failing call";
 }
+
+// The bench's --cold-l2 reader (tools/exec.cpp): it must read every word it is given, the 16-byte
+// pieces and the tail, and nothing past them, or the cache it leaves is not the one described.
+TEST(CudaRuntime, ReadThroughL2SumsEveryWord) {
+  QSDPA_REQUIRE_CUDA();
+  Stream st;
+  // sizes: under one piece, pieces and a 3-word tail, several grid strides' worth (the grid is
+  // at most 4 blocks of 512 threads per SM)
+  for (const size_t words : {size_t(3), size_t(4096 + 3), size_t(5) << 20}) {
+    std::vector<uint32_t> h(words + 4);
+    uint32_t want = 0;
+    for (size_t i = 0; i < h.size(); ++i) {
+      h[i] = uint32_t(i * 2654435761u + 12345u);
+      if (i < words) want += h[i];  // (the 4 words past the end must not count)
+    }
+    uint32_t* d = nullptr;
+    uint32_t* sum = nullptr;
+    CUDA_ASSERT(cudaMalloc(&d, h.size() * 4));
+    CUDA_ASSERT(cudaMalloc(&sum, 4));
+    CUDA_ASSERT(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_ASSERT(cudaMemset(sum, 0xff, 4));  // (the call zeroes it first)
+    const Status s = cuda::read_through_l2(d, words * 4, sum, st.s);
+    ASSERT_TRUE(s.ok()) << s.message;
+    CUDA_ASSERT(cudaStreamSynchronize(st.s));
+    uint32_t got = 0;
+    CUDA_ASSERT(cudaMemcpy(&got, sum, 4, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(got, want) << words << " words";
+    // not 16-byte aligned, or not whole words: refused
+    EXPECT_EQ(cuda::read_through_l2(d + 1, 16, sum, st.s).code, StatusCode::invalid_argument);
+    EXPECT_EQ(cuda::read_through_l2(d, 6, sum, st.s).code, StatusCode::invalid_argument);
+    cudaFree(d);
+    cudaFree(sum);
+  }
+}
