@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Tuning run on a GPU machine: builds the `qsdpa` program once per variant of the CUDA build-time
 # knobs, then times `qsdpa bench --backend cuda` (the default sweep, or the shapes given) for every
-# variant in interleaved rounds, so that drift of the machine hits all variants alike. Usage:
+# variant in interleaved rounds, so that drift of the machine hits all variants alike (each round
+# starts one variant further along, so that no variant always runs first or last). Usage:
 #
 #   scripts/gpu_tune.sh build OUTDIR 'name=-DKNOB=1 -DOTHER=2' ...
 #   scripts/gpu_tune.sh bench OUTDIR ROUNDS 'name=...' ... [-- bench flags]
@@ -59,8 +60,14 @@ for line in sys.stdin:
     if not line: continue
     r=json.loads(line); r["variant"]=sys.argv[1]; r["round"]=int(sys.argv[2]); print(json.dumps(r))' "$1" "$2"
 }
+nv=${#variants[@]}
 for r in $(seq 1 "$rounds"); do
-  for v in "${variants[@]}"; do
+  # Round r starts at variant (r - 1) mod n: over n rounds each variant runs once in each place of
+  # the round. (Until 2026-12-07 every round ran them in the given order; in runs 104-105 the
+  # variant that ran last was 1.5-4 us faster on shapes whose code it shared with the others: its
+  # place or its build, which those runs could not tell apart.)
+  for ((j = 0; j < nv; ++j)); do
+    v="${variants[$(((j + r - 1) % nv))]}"
     name="${v%%=*}" flags="${v#*=}" vflags=() venv=()
     cli="build-tune-$name/tools/qsdpa"
     [ "$name" = base ] && cli="${QSDPA_GPU_BUILD:-build-gpu}/tools/qsdpa"
