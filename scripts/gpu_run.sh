@@ -6,7 +6,8 @@
 #   scripts/prepare_gpu_deps.sh          # on the development machine, once: fills .deps/
 #   scripts/gpu_run.sh OUTDIR            # on the GPU machine, from anywhere
 #
-# Everything lands in OUTDIR: summary.txt, bench.json, with QSDPA_GPU_SERVING=1 serving.jsonl and
+# Everything lands in OUTDIR: summary.txt, bench.json, bench_cold.json (the same sweep with
+# --cold-l2; QSDPA_GPU_COLD=0 skips it), with QSDPA_GPU_SERVING=1 serving.jsonl and
 # cpu.txt, with QSDPA_GPU_NCU=1 ncu.txt, with QSDPA_GPU_NCU_CACHE=1 ncu_cache.txt (D=512 and D=256
 # kernel durations with and without ncu's L2 flush), with QSDPA_GPU_NCU_STALLS=1 ncu_stalls.txt (the warp
 # states of the shapes that miss their targets), with QSDPA_GPU_TUNE tune.jsonl, and logs.tgz (build,
@@ -165,24 +166,37 @@ if [ -n "$trace_pid" ]; then
   say "trace build done (waited $(($(elapsed) - t0)) s)"
 fi
 cli="$build/tools/qsdpa"
-if [ -x "$cli" ]; then
-  t0=$(elapsed)
-  timeout "$(limit 90 5)" "$cli" bench --backend cuda --json >"$out/bench.json" 2>"$out/bench.log"
-  say "bench: rc $? in $(($(elapsed) - t0)) s ($(wc -c <"$out/bench.json") bytes of JSON)"
-  # (each shape's time and the library's plan for it: kernel, tile pool, splits, merge)
-  python3 - "$out/bench.json" <<'PY' 2>&1 | sed 's/^/  /' | tee -a "$summary"
+# Each shape's time, PyTorch's, and the library's plan for it (kernel, tile pool, splits, merge).
+bench_lines() {
+  python3 - "$1" <<'PY' 2>&1 | sed 's/^/  /' | tee -a "$summary"
 import json, sys
 try:
     recs = json.load(open(sys.argv[1]))
 except Exception as e:
-    print(f"bench.json unreadable: {e}"); sys.exit(0)
+    print(f"{sys.argv[1]} unreadable: {e}"); sys.exit(0)
 for r in recs:
     p = r.get("plan", {})
+    t = f", PyTorch {r['torch_time_us']:.1f} ({r['speedup_vs_torch']:.2f}x)" if "speedup_vs_torch" in r else ""
     print(f"B={r['B']} Hq={r['Hq']} Hkv={r['Hkv']} Lq={r['Lq']} N={r['N']} D={r['D']} {r['k_bits']}/{r['v_bits']}-bit: "
-          f"{r.get('time_us', 0):.1f} us ({100 * r.get('frac_copy', 0):.1f} %); "
+          f"{r.get('time_us', 0):.1f} us ({100 * r.get('frac_copy', 0):.1f} %{t}); "
           f"{'tensor cores' if p.get('tensor_cores') else 'generic'}, pool {p.get('pool_warps', '?')} warps, "
           f"{p.get('splits', '?')} splits, merge {p.get('merge', '?')}")
 PY
+}
+if [ -x "$cli" ]; then
+  t0=$(elapsed)
+  timeout "$(limit 90 5)" "$cli" bench --backend cuda --json >"$out/bench.json" 2>"$out/bench.log"
+  say "bench: rc $? in $(($(elapsed) - t0)) s ($(wc -c <"$out/bench.json") bytes of JSON)"
+  bench_lines "$out/bench.json"
+  # The same sweep with --cold-l2 (QSDPA_GPU_COLD=0 skips it): before each call, ours and
+  # PyTorch's, a read of twice the L2 of other data, as in a model; no shape inherits the cache
+  # from the one before it (docs/PERF.md, runs 104-106).
+  if [ "${QSDPA_GPU_COLD:-1}" = 1 ]; then
+    t0=$(elapsed)
+    timeout "$(limit 90 5)" "$cli" bench --backend cuda --json --cold-l2 >"$out/bench_cold.json" 2>>"$out/bench.log"
+    say "bench --cold-l2: rc $? in $(($(elapsed) - t0)) s ($(wc -c <"$out/bench_cold.json") bytes of JSON)"
+    bench_lines "$out/bench_cold.json"
+  fi
 else
   say "bench: not run ($cli missing)"
 fi
