@@ -134,7 +134,8 @@ for m in "${mutants[@]}"; do
       if [ "$prc" -eq 124 ]; then
         # (assertions that failed before the cut-off still count: run 104's pool-2bit-as-4 had
         # failed 9 cases of TilePoolBlocks when the budget stopped its program)
-        cf=$(echo "$txt" | grep -c ': Failure$')
+        # (of the test that was running: those of finished tests are in f already)
+        cf=$(echo "$txt" | awk '/^\[ RUN      \]/ { n = 0 } /: Failure$/ { n++ } END { print n + 0 }')
         names="$names (${bin}: cut off by the budget after $cf failed assertions)"
         failed=$((failed + cf))
       else  # (crashed, e.g. on an illegal address: the mutant was caught)

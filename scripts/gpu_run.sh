@@ -193,7 +193,7 @@ if [ -x "$cli" ]; then
   # from the one before it (docs/PERF.md, runs 104-106).
   if [ "${QSDPA_GPU_COLD:-1}" = 1 ]; then
     t0=$(elapsed)
-    timeout "$(limit 90 5)" "$cli" bench --backend cuda --json --cold-l2 >"$out/bench_cold.json" 2>>"$out/bench.log"
+    timeout "$(limit 60 60)" "$cli" bench --backend cuda --json --cold-l2 >"$out/bench_cold.json" 2>>"$out/bench.log"
     say "bench --cold-l2: rc $? in $(($(elapsed) - t0)) s ($(wc -c <"$out/bench_cold.json") bytes of JSON)"
     bench_lines "$out/bench_cold.json"
   fi

@@ -96,7 +96,7 @@ Status bench_one(const BenchOptions& o, Backend backend, const BenchShape& bs, d
   if (const Runner::Plan pl = runner->plan(); pl.valid)
     r["plan"] = {{"tensor_cores", pl.tensor_cores}, {"pool_warps", pl.pool_warps}, {"splits", pl.splits}, {"merge", pl.merge}};
 
-  if (bs.graph && backend == Backend::cuda) {
+  if (bs.graph && backend == Backend::cuda && !o.cold_l2) {  // (graph replays run back to back: never cold)
     // One call per graph, and a graph of kChain calls one after another (as a decode step's graph
     // holds one call per layer): between the calls of one graph the launch latency can hide behind
     // the previous call (with pdl), between graphs it cannot.

@@ -237,7 +237,7 @@ Status Runner::read_other() {
   const uint64_t* w = static_cast<const uint64_t*>(other_);
   uint64_t s = 0;
   for (int64_t i = 0; i < other_bytes_ / 8; ++i) s += w[i];
-  other_sum_ += s;
+  other_sum_ = other_sum_ + s;
   return Status{};
 }
 

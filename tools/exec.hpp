@@ -80,7 +80,7 @@ class Runner {
   void* workspace_ = nullptr;
   void* other_ = nullptr;  // host (aligned_alloc) or device (cudaMalloc; its last 16 bytes: the sum)
   int64_t other_bytes_ = 0;
-  uint64_t other_sum_ = 0;  // host: what the reads summed (kept, so that they happen)
+  volatile uint64_t other_sum_ = 0;  // host: what the reads summed (kept, so that they happen)
 };
 
 // What the timing runs on: the GPU's name, or the CPU model and thread count.

@@ -149,7 +149,8 @@ int real_main(int argc, char** argv) {
   bench->add_flag("--cold-l2", bo.cold_l2,
                   "before each call (outside its timing), read twice the GPU's L2 (the CPU's L3) of other data, "
                   "as the kernel before an attention call in a model would: every call starts with the cache "
-                  "holding someone else's lines, whatever the shape before it left");
+                  "holding someone else's lines, whatever the shape before it left (host: one thread reads, "
+                  "so the other cores' private caches keep theirs); no CUDA-graph timings then");
   bench->add_option("--torch-script", bo.torch_script, "the PyTorch timing script (default: bench/torch_sdpa.py)");
 
   bool info_json = false;

@@ -28,9 +28,10 @@ __global__ void read_sum_kernel(const uint4* p, int64_t pieces, const uint32_t* 
 }  // namespace
 
 Status read_through_l2(const void* p, size_t bytes, uint32_t* sum, void* stream) {
-  if ((bytes & 3) != 0 || (reinterpret_cast<uintptr_t>(p) & 15) != 0 || sum == nullptr)
+  if ((bytes & 3) != 0 || (reinterpret_cast<uintptr_t>(p) & 15) != 0 || sum == nullptr ||
+      (reinterpret_cast<uintptr_t>(sum) & 3) != 0)
     return detail::make_status(StatusCode::invalid_argument,
-                       "read_through_l2: the buffer must be 16-byte aligned, a whole number of 32-bit words, and sum set",
+                       "read_through_l2: the buffer must be 16-byte aligned and whole 32-bit words, sum an aligned word",
                        Backend::cuda);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   cudaError_t e = cudaMemsetAsync(sum, 0, sizeof(uint32_t), s);

@@ -454,9 +454,10 @@ TEST(CudaRuntime, HostMemoryIsRejected) {
 TEST(CudaRuntime, ReadThroughL2SumsEveryWord) {
   QSDPA_REQUIRE_CUDA();
   Stream st;
-  // sizes: under one piece, pieces and a 3-word tail, several grid strides' worth (the grid is
-  // at most 4 blocks of 512 threads per SM)
-  for (const size_t words : {size_t(3), size_t(4096 + 3), size_t(5) << 20}) {
+  // sizes: under one piece, pieces and tails of 1-3 words, several grid strides' worth (the grid
+  // is at most 4 blocks of 512 threads per SM)
+  for (const size_t words : {size_t(1), size_t(3), size_t(4096 + 1), size_t(4096 + 2), size_t(4096 + 3),
+                             size_t(5) << 20}) {
     std::vector<uint32_t> h(words + 4);
     uint32_t want = 0;
     for (size_t i = 0; i < h.size(); ++i) {
