@@ -63,9 +63,9 @@ for line in sys.stdin:
 nv=${#variants[@]}
 for r in $(seq 1 "$rounds"); do
   # Round r starts at variant (r - 1) mod n: over n rounds (or a multiple) each variant runs once in
-  # each place of the round (each still after the same neighbour). (Until 2026-12-07 every round ran them in the given order; in runs 104-105 the
-  # variant that ran last was 1.5-4 us faster on shapes whose code it shared with the others: its
-  # place or its build, which those runs could not tell apart.)
+  # each place of the round (each still after the same neighbour). (Until 2026-12-07 every round
+  # ran them in the given order; in runs 104-105 the variant that ran last was 1.5-4 us faster on
+  # shapes whose code it shared with the others: its place or its build, not told apart.)
   for ((j = 0; j < nv; ++j)); do
     v="${variants[$(((j + r - 1) % nv))]}"
     name="${v%%=*}" flags="${v#*=}" vflags=() venv=()

@@ -31,25 +31,26 @@ Status read_through_l2(const void* p, size_t bytes, uint32_t* sum, void* stream)
   if ((bytes & 3) != 0 || (reinterpret_cast<uintptr_t>(p) & 15) != 0 || sum == nullptr ||
       (reinterpret_cast<uintptr_t>(sum) & 3) != 0)
     return detail::make_status(StatusCode::invalid_argument,
-                       "read_through_l2: the buffer must be 16-byte aligned and whole 32-bit words, sum an aligned word",
-                       Backend::cuda);
+                               "read_through_l2: the buffer must be 16-byte aligned and whole 32-bit words, "
+                               "sum an aligned word",
+                               Backend::cuda);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   cudaError_t e = cudaMemsetAsync(sum, 0, sizeof(uint32_t), s);
   const int64_t pieces = int64_t(bytes / 16);
   const int tail_words = int((bytes % 16) / 4);
   if (e == cudaSuccess) {
-    int dev = 0, sms = 1;
-    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    constexpr int kThreads = 512;
+    // (a grid-stride loop: 1024 blocks of 512 threads fill any GPU of today several times over)
+    constexpr int kThreads = 512, kMaxBlocks = 1024;
     const int64_t want = (pieces + kThreads - 1) / kThreads;
-    const int blocks = int(want < 1 ? 1 : want < 4 * int64_t(sms) ? want : 4 * int64_t(sms));
+    const int blocks = int(want < 1 ? 1 : want < kMaxBlocks ? want : kMaxBlocks);
     read_sum_kernel<<<blocks, kThreads, 0, s>>>(static_cast<const uint4*>(p), pieces,
                                                 reinterpret_cast<const uint32_t*>(static_cast<const uint4*>(p) + pieces),
                                                 tail_words, sum);
     e = cudaGetLastError();
   }
   if (e != cudaSuccess)
-    return detail::make_status(StatusCode::backend_error, std::string("read_through_l2: ") + cudaGetErrorString(e), Backend::cuda);
+    return detail::make_status(StatusCode::backend_error, std::string("read_through_l2: ") + cudaGetErrorString(e),
+                               Backend::cuda);
   return Status{};
 }
 

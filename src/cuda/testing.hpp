@@ -88,8 +88,8 @@ bool set_rows_on_m(bool on);
 // Reads `bytes` of device memory at p (16-byte aligned, a whole number of 32-bit words) with the
 // normal L2 policy on `stream` (a cudaStream_t), as the kernel before an attention call in a model
 // (a GEMM reading its weights) would, and writes the wrapping sum of its 32-bit words to the
-// (4-byte aligned) device word *sum (so that the reads happen, and can be checked). Asynchronous. For the bench's
-// --cold-l2 (tools/exec.cpp).
+// (4-byte aligned) device word *sum (so that the reads happen, and can be checked). Asynchronous.
+// For the bench's --cold-l2 (tools/exec.cpp).
 Status read_through_l2(const void* p, size_t bytes, uint32_t* sum, void* stream);
 
 }  // namespace qsdpa::cuda

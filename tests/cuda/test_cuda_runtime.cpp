@@ -455,7 +455,7 @@ TEST(CudaRuntime, ReadThroughL2SumsEveryWord) {
   QSDPA_REQUIRE_CUDA();
   Stream st;
   // sizes: under one piece, pieces and tails of 1-3 words, several grid strides' worth (the grid
-  // is at most 4 blocks of 512 threads per SM)
+  // is at most 1024 blocks of 512 threads)
   for (const size_t words : {size_t(1), size_t(3), size_t(4096 + 1), size_t(4096 + 2), size_t(4096 + 3),
                              size_t(5) << 20}) {
     std::vector<uint32_t> h(words + 4);
