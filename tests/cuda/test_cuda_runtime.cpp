@@ -468,8 +468,10 @@ TEST(CudaRuntime, ReadThroughL2SumsEveryWord) {
     uint32_t* sum = nullptr;
     CUDA_ASSERT(cudaMalloc(&d, h.size() * 4));
     CUDA_ASSERT(cudaMalloc(&sum, 4));
-    CUDA_ASSERT(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
-    CUDA_ASSERT(cudaMemset(sum, 0xff, 4));  // (the call zeroes it first)
+    // (on the call's stream: st.s does not wait for the legacy default stream, so a plain
+    // cudaMemset could land after the call's own zeroing; run 106 saw that as a sum one short)
+    CUDA_ASSERT(cudaMemcpyAsync(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice, st.s));
+    CUDA_ASSERT(cudaMemsetAsync(sum, 0xff, 4, st.s));  // (the call zeroes it first)
     const Status s = cuda::read_through_l2(d, words * 4, sum, st.s);
     ASSERT_TRUE(s.ok()) << s.message;
     CUDA_ASSERT(cudaStreamSynchronize(st.s));
