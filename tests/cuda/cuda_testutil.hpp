@@ -113,9 +113,13 @@ struct DeviceProblem {
     poison();
   }
 
-  // Every byte 0xff: NaN in every T, so an element left unwritten fails the check.
+  // Every byte 0xff: NaN in every T, so an element left unwritten fails the check. The uploads
+  // and the poison go through the legacy default stream, which a stream created
+  // cudaStreamNonBlocking does not wait for (run 106 caught a test racing that way), so the device
+  // is synchronized before any call is made on such a stream.
   void poison() {
     if (cudaMemset(out.get(), 0xff, out.bytes()) != cudaSuccess) throw std::runtime_error("cudaMemset failed");
+    if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("cudaDeviceSynchronize failed");
   }
 
   AttentionParams params() {
