@@ -63,9 +63,13 @@ class DeviceBuffer {
       throw std::runtime_error("cudaMalloc failed");
     }
   }
+  // The upload has landed when this returns: a copy from pageable memory may return before its
+  // DMA ends, and a stream created cudaStreamNonBlocking does not wait for the legacy stream it
+  // went through (run 106 caught a test racing that way).
   template <class T>
   explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size() * sizeof(T)) {
-    if (bytes_ && cudaMemcpy(ptr_, host.data(), bytes_, cudaMemcpyHostToDevice) != cudaSuccess)
+    if (bytes_ && (cudaMemcpy(ptr_, host.data(), bytes_, cudaMemcpyHostToDevice) != cudaSuccess ||
+                   cudaStreamSynchronize(cudaStreamLegacy) != cudaSuccess))
       throw std::runtime_error("cudaMemcpy to the device failed");
   }
   ~DeviceBuffer() {
@@ -113,13 +117,13 @@ struct DeviceProblem {
     poison();
   }
 
-  // Every byte 0xff: NaN in every T, so an element left unwritten fails the check. The uploads
-  // and the poison go through the legacy default stream, which a stream created
-  // cudaStreamNonBlocking does not wait for (run 106 caught a test racing that way), so the device
-  // is synchronized before any call is made on such a stream.
+  // Every byte 0xff: NaN in every T, so an element left unwritten fails the check. Like the
+  // uploads (DeviceBuffer), it has landed when this returns, so that a call on a non-blocking
+  // stream cannot start before it.
   void poison() {
-    if (cudaMemset(out.get(), 0xff, out.bytes()) != cudaSuccess) throw std::runtime_error("cudaMemset failed");
-    if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("cudaDeviceSynchronize failed");
+    if (cudaMemset(out.get(), 0xff, out.bytes()) != cudaSuccess ||
+        cudaStreamSynchronize(cudaStreamLegacy) != cudaSuccess)
+      throw std::runtime_error("cudaMemset failed");
   }
 
   AttentionParams params() {

@@ -464,13 +464,11 @@ TEST(CudaRuntime, ReadThroughL2SumsEveryWord) {
       h[i] = uint32_t(i * 2654435761u + 12345u);
       if (i < words) want += h[i];  // (the 4 words past the end must not count)
     }
-    uint32_t* d = nullptr;
-    uint32_t* sum = nullptr;
-    CUDA_ASSERT(cudaMalloc(&d, h.size() * 4));
-    CUDA_ASSERT(cudaMalloc(&sum, 4));
+    const test::DeviceBuffer db(h), sb(4);
+    uint32_t* d = db.as<uint32_t>();
+    uint32_t* sum = sb.as<uint32_t>();
     // (on the call's stream: st.s does not wait for the legacy default stream, so a plain
     // cudaMemset could land after the call's own zeroing; run 106 saw that as a sum one short)
-    CUDA_ASSERT(cudaMemcpyAsync(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice, st.s));
     CUDA_ASSERT(cudaMemsetAsync(sum, 0xff, 4, st.s));  // (the call zeroes it first)
     const Status s = cuda::read_through_l2(d, words * 4, sum, st.s);
     ASSERT_TRUE(s.ok()) << s.message;
@@ -481,7 +479,5 @@ TEST(CudaRuntime, ReadThroughL2SumsEveryWord) {
     // not 16-byte aligned, or not whole words: refused
     EXPECT_EQ(cuda::read_through_l2(d + 1, 16, sum, st.s).code, StatusCode::invalid_argument);
     EXPECT_EQ(cuda::read_through_l2(d, 6, sum, st.s).code, StatusCode::invalid_argument);
-    cudaFree(d);
-    cudaFree(sum);
   }
 }
