@@ -186,8 +186,9 @@ __global__ void __launch_bounds__(kLgWarps * 32, 4) logits_kernel(LgArgs a) {
         tok[mi][hh] = t0 + 16 * mi + 8 * hh + g;
         ok[mi][hh] = tok[mi][hh] < a.N;
       }
-    // the scales and biases of the lane's 4 tokens (all groups: 8 or 16 bytes each)
-    __half sc[2][2][NG];
+    // the scales and biases of the lane's 4 tokens (all groups: 8 or 16 bytes of scales each);
+    // a token past N reads token 0 of the sequence (valid memory) and is not stored
+    uint32_t sw[2][2][NG / 2];
     uint32_t zp[2][2];
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi)
@@ -197,28 +198,14 @@ __global__ void __launch_bounds__(kLgWarps * 32, 4) logits_kernel(LgArgs a) {
         const __half* sp = a.ks + (seq + t) * NG;
         if constexpr (NG == 8) {
           const uint4 w = *reinterpret_cast<const uint4*>(sp);
-          const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-          for (int q2 = 0; q2 < 4; ++q2) {
-            sc[mi][hh][2 * q2] = __ushort_as_half(uint16_t(ws[q2] & 0xffffu));
-            sc[mi][hh][2 * q2 + 1] = __ushort_as_half(uint16_t(ws[q2] >> 16));
-          }
+          sw[mi][hh][0] = w.x, sw[mi][hh][1] = w.y, sw[mi][hh][2] = w.z, sw[mi][hh][3] = w.w;
         } else {
           const uint2 w = *reinterpret_cast<const uint2*>(sp);
-          const uint32_t ws[2] = {w.x, w.y};
-#pragma unroll
-          for (int q2 = 0; q2 < 2; ++q2) {
-            sc[mi][hh][2 * q2] = __ushort_as_half(uint16_t(ws[q2] & 0xffffu));
-            sc[mi][hh][2 * q2 + 1] = __ushort_as_half(uint16_t(ws[q2] >> 16));
-          }
+          sw[mi][hh][0] = w.x, sw[mi][hh][1] = w.y;
         }
         // biases of groups (2c, 2c + 1) mod NG: k-slots 2c, 2c + 1 (hi) and, for NG = 4, the lo
         // slots 2c - 4 ... of lanes c >= 2
-        zp[mi][hh] = ok[mi][hh] ? *reinterpret_cast<const uint32_t*>(a.kb + (seq + t) * NG + ((2 * c) % NG)) : 0u;
-        if (!ok[mi][hh]) {
-#pragma unroll
-          for (int p = 0; p < NG; ++p) sc[mi][hh][p] = __float2half(0.0f);
-        }
+        zp[mi][hh] = *reinterpret_cast<const uint32_t*>(a.kb + (seq + t) * NG + ((2 * c) % NG));
       }
     float accs[2][2][4] = {};
 #pragma unroll
@@ -231,10 +218,10 @@ __global__ void __launch_bounds__(kLgWarps * 32, 4) logits_kernel(LgArgs a) {
           const int64_t t = ok[mi][hh] ? tok[mi][hh] : 0;
           const uint32_t* kp = a.k + (seq + t) * WPR + p * WPG + c * LW;
           if constexpr (LW == 2) {
-            const uint2 x = ok[mi][hh] ? *reinterpret_cast<const uint2*>(kp) : make_uint2(0u, 0u);
+            const uint2 x = *reinterpret_cast<const uint2*>(kp);
             w[mi][hh][0] = x.x, w[mi][hh][1] = x.y;
           } else {
-            const uint4 x = ok[mi][hh] ? *reinterpret_cast<const uint4*>(kp) : make_uint4(0u, 0u, 0u, 0u);
+            const uint4 x = *reinterpret_cast<const uint4*>(kp);
             w[mi][hh][0] = x.x, w[mi][hh][1] = x.y, w[mi][hh][2] = x.z, w[mi][hh][3] = x.w;
           }
         }
@@ -260,7 +247,10 @@ __global__ void __launch_bounds__(kLgWarps * 32, 4) logits_kernel(LgArgs a) {
       }
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi) {
-        const float s0 = __half2float(sc[mi][0][p]), s1 = __half2float(sc[mi][1][p]);
+        const __half2 h0 = *reinterpret_cast<const __half2*>(&sw[mi][0][p >> 1]);
+        const __half2 h1 = *reinterpret_cast<const __half2*>(&sw[mi][1][p >> 1]);
+        const float s0 = (p & 1) ? __high2float(h0) : __low2float(h0);
+        const float s1 = (p & 1) ? __high2float(h1) : __low2float(h1);
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
           accs[mi][nt][0] = fmaf(s0, acc[mi][nt][0], accs[mi][nt][0]);
