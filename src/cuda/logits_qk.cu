@@ -11,7 +11,7 @@
 //
 // This file is pass 1: f16 queries, 4- or 8-bit keys with groups of 64, contiguous caches, D = 256
 // or 512, at most 16 query rows per KV head (GQA ratio x Lq), no mask. S is f32
-// [B * Hkv][N][16] (rows beyond the group's are 0). Nothing in attention() calls it yet; the
+// [B * Hkv][N][RS], RS = 8 for up to 8 rows (one n-tile), else 16 (rows beyond the group's are 0). Nothing in attention() calls it yet; the
 // tests hold it to the host's dot products and bench/cuda_logits_bench times it.
 //
 // Per warp and 32-token tile: tokens on the mma's M (two m-tiles), the 16 rows on N (two n-tiles),
@@ -75,8 +75,9 @@ __device__ __forceinline__ int qslot_dim(int kk, int c, int slot, float& beta) {
   }
 }
 
-template <int BITS, int D>
+template <int BITS, int D, int NT>
 __global__ void __launch_bounds__(kLgWarps * 32, 4) logits_kernel(LgArgs a) {
+  constexpr int RS = 8 * NT;  // rows of S per token: 8 (one n-tile) or 16
   using F = mmak::Fmt<__half, BITS, true>;
   constexpr int NG = D / kLgGroup, KS = D / 16;
   constexpr int WPR = D * BITS / 32;        // words per key row
@@ -84,18 +85,18 @@ __global__ void __launch_bounds__(kLgWarps * 32, 4) logits_kernel(LgArgs a) {
   constexpr int LW = WPG / 4;               // words per lane and group: 2 (4-bit) or 4 (8-bit)
   constexpr int KPW = 4 / LW;               // k-steps per word
   static_assert(NG == 4 || NG == 8, "D = 256 or 512");
-  __shared__ __align__(16) __half qv[kLgRows][D];  // q x 2^e (per row): exact, a power of two
-  __shared__ __align__(16) uint2 qf[KS][2][32];   // the B fragments of q, per k-step, n-tile, lane
-  __shared__ uint2 zf[2][32];                     // the B fragments of the biases' mma
-  __shared__ float qs[kLgRows][NG];               // scale Σ_{d∈g} q_d, per row and group
-  __shared__ float rowa[kLgRows], rowb[kLgRows];
+  __shared__ __align__(16) __half qv[RS][D];      // q x 2^e (per row): exact, a power of two
+  __shared__ __align__(16) uint2 qf[KS][NT][32];  // the B fragments of q, per k-step, n-tile, lane
+  __shared__ uint2 zf[NT][32];                    // the B fragments of the biases' mma
+  __shared__ float qs[RS][NG];                    // scale Σ_{d∈g} q_d, per row and group
+  __shared__ float rowa[RS], rowb[RS];
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
   const int bh = blockIdx.y, b = bh / a.Hkv, h = bh % a.Hkv;
   const int R = a.rep * a.Lq;
 
   // ---- q: each warp 4 rows: the power of two, the group sums, the scaled copy -------------------
-  for (int r = warp; r < kLgRows; r += kLgWarps) {
+  for (int r = warp; r < RS; r += kLgWarps) {
     const bool live = r < R;
     const __half* qrow = a.q + ((int64_t(b) * a.Hq + h * a.rep + r / a.Lq) * a.Lq + r % a.Lq) * D;
     float v[D / 32], mx = 0.0f;
@@ -140,8 +141,8 @@ __global__ void __launch_bounds__(kLgWarps * 32, 4) logits_kernel(LgArgs a) {
     }
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < KS * 2 * 32; i += kLgWarps * 32) {
-    const int ks = i >> 6, nt = (i >> 5) & 1, ln = i & 31, lg = ln >> 2, lc = ln & 3;
+  for (int i = threadIdx.x; i < KS * NT * 32; i += kLgWarps * 32) {
+    const int ks = i / (NT * 32), nt = (i >> 5) % NT, ln = i & 31, lg = ln >> 2, lc = ln & 3;
     const int p = ks >> 2, kk = ks & 3, row = nt * 8 + lg;
     float bt[4], vals[4];
 #pragma unroll
@@ -151,7 +152,7 @@ __global__ void __launch_bounds__(kLgWarps * 32, 4) logits_kernel(LgArgs a) {
     f.y = mmak::Ty<__half>::pack(vals[2], vals[3]);
     qf[ks][nt][ln] = f;
   }
-  if (threadIdx.x < 64) {
+  if (threadIdx.x < NT * 32) {
     // biases' mma: k-slots 0..NG-1 the groups' sums (hi), NG..2NG-1 the same (lo); A: z per token
     const int nt = threadIdx.x >> 5, ln = threadIdx.x & 31, lg = ln >> 2, lc = ln & 3, row = nt * 8 + lg;
     float v4[4];
@@ -207,7 +208,7 @@ __global__ void __launch_bounds__(kLgWarps * 32, 4) logits_kernel(LgArgs a) {
         // slots 2c - 4 ... of lanes c >= 2
         zp[mi][hh] = *reinterpret_cast<const uint32_t*>(a.kb + (seq + t) * NG + ((2 * c) % NG));
       }
-    float accs[2][2][4] = {};
+    float accs[2][NT][4] = {};
 #pragma unroll
     for (int p = 0; p < NG; ++p) {
       uint32_t w[2][2][LW];
@@ -225,7 +226,7 @@ __global__ void __launch_bounds__(kLgWarps * 32, 4) logits_kernel(LgArgs a) {
             w[mi][hh][0] = x.x, w[mi][hh][1] = x.y, w[mi][hh][2] = x.z, w[mi][hh][3] = x.w;
           }
         }
-      float acc[2][2][4] = {};
+      float acc[2][NT][4] = {};
 #pragma unroll
       for (int j = 0; j < LW; ++j) {
         uint32_t r[2][2][F::kKRegs];
@@ -236,12 +237,14 @@ __global__ void __launch_bounds__(kLgWarps * 32, 4) logits_kernel(LgArgs a) {
 #pragma unroll
         for (int m = 0; m < KPW; ++m) {
           const int ks = 4 * p + KPW * j + m;
-          const uint2 b0 = qf[ks][0][lane], b1 = qf[ks][1][lane];
+          uint2 bq[NT];
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) bq[nt] = qf[ks][nt][lane];
 #pragma unroll
           for (int mi = 0; mi < 2; ++mi) {
             const uint32_t av[4] = {r[mi][0][2 * m], r[mi][1][2 * m], r[mi][0][2 * m + 1], r[mi][1][2 * m + 1]};
-            mmak::Ty<__half>::mma(acc[mi][0], av, b0.x, b0.y);
-            mmak::Ty<__half>::mma(acc[mi][1], av, b1.x, b1.y);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) mmak::Ty<__half>::mma(acc[mi][nt], av, bq[nt].x, bq[nt].y);
           }
         }
       }
@@ -252,7 +255,7 @@ __global__ void __launch_bounds__(kLgWarps * 32, 4) logits_kernel(LgArgs a) {
         const float s0 = (p & 1) ? __high2float(h0) : __low2float(h0);
         const float s1 = (p & 1) ? __high2float(h1) : __low2float(h1);
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
+        for (int nt = 0; nt < NT; ++nt) {
           accs[mi][nt][0] = fmaf(s0, acc[mi][nt][0], accs[mi][nt][0]);
           accs[mi][nt][1] = fmaf(s0, acc[mi][nt][1], accs[mi][nt][1]);
           accs[mi][nt][2] = fmaf(s1, acc[mi][nt][2], accs[mi][nt][2]);
@@ -266,7 +269,7 @@ __global__ void __launch_bounds__(kLgWarps * 32, 4) logits_kernel(LgArgs a) {
       const uint32_t hi2 = NG == 8 ? 1u : 0u;  // D = 512: k-slots 8..15 hold the lo sums
       const uint32_t az[4] = {zp[mi][0], zp[mi][1], hi2 ? zp[mi][0] : 0u, hi2 ? zp[mi][1] : 0u};
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
+      for (int nt = 0; nt < NT; ++nt) {
         float zacc[4] = {};
         const uint2 zb = zf[nt][lane];
         mmak::Ty<__half>::mma(zacc, az, zb.x, zb.y);
@@ -278,7 +281,7 @@ __global__ void __launch_bounds__(kLgWarps * 32, 4) logits_kernel(LgArgs a) {
           float2 o;
           o.x = fmaf(ra0, accs[mi][nt][2 * hh], rb0 * zacc[2 * hh]);
           o.y = fmaf(ra1, accs[mi][nt][2 * hh + 1], rb1 * zacc[2 * hh + 1]);
-          *reinterpret_cast<float2*>(a.s + (seq + tok[mi][hh]) * kLgRows + r0) = o;
+          *reinterpret_cast<float2*>(a.s + (seq + tok[mi][hh]) * RS + r0) = o;
         }
       }
     }
@@ -289,7 +292,10 @@ template <int BITS, int D>
 cudaError_t launch(const LgArgs& a, int bhs, cudaStream_t s) {
   const int64_t per_block = int64_t(kLgWarps) * kLgTilesPerWarp;
   const dim3 grid(unsigned((a.tiles + per_block - 1) / per_block), unsigned(bhs));
-  logits_kernel<BITS, D><<<grid, kLgWarps * 32, 0, s>>>(a);
+  if (a.rep * a.Lq <= 8)
+    logits_kernel<BITS, D, 1><<<grid, kLgWarps * 32, 0, s>>>(a);
+  else
+    logits_kernel<BITS, D, 2><<<grid, kLgWarps * 32, 0, s>>>(a);
   return cudaGetLastError();
 }
 

@@ -97,7 +97,7 @@ Status read_through_l2(const void* p, size_t bytes, uint32_t* sum, void* stream)
 // each KV head's group (row r: query head h * (Hq / Hkv) + r / Lq, position r % Lq) against every
 // token t of a contiguous MLX-layout key cache: f16 q [B, Hq, Lq, D], keys packed 4- or 8-bit
 // [B, Hkv, N, D * bits / 32] with f16 scales and biases [B, Hkv, N, D / 64] (groups of 64), S f32
-// [B * Hkv][N][16] (rows past the group's 0). Asynchronous on `stream` (a cudaStream_t).
+// [B * Hkv][N][RS] with RS = 8 for at most 8 rows, else 16 (rows past the group's 0). Asynchronous on `stream` (a cudaStream_t).
 struct LogitsQK {
   const void* q = nullptr;
   const void* k = nullptr;

@@ -21,6 +21,7 @@ void run_case(const Case& cs, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
   const int rep = cs.Hq / cs.Hkv, R = rep * cs.Lq, NG = cs.D / 64, WPR = cs.D * cs.bits / 32;
+  const int RS = R <= 8 ? 8 : 16;  // S's rows per token
   const int64_t rows_kv = int64_t(cs.B) * cs.Hkv * cs.N;
   // q: each query row at its own magnitude (1e-3 .. 1e2), so that the per-row power of two matters
   std::vector<uint16_t> q(size_t(cs.B) * cs.Hq * cs.Lq * cs.D);
@@ -36,7 +37,7 @@ void run_case(const Case& cs, uint32_t seed) {
     kb[i] = detail::f32_to_f16(uni(rng));
   }
   const float scale = 1.0f / std::sqrt(float(cs.D));
-  const test::DeviceBuffer dq(q), dk(k), dks(ks), dkb(kb), ds(size_t(rows_kv) * 16 * sizeof(float));
+  const test::DeviceBuffer dq(q), dk(k), dks(ks), dkb(kb), ds(size_t(rows_kv) * RS * sizeof(float));
   CUDA_ASSERT(cudaMemset(ds.get(), 0xff, ds.bytes()));  // NaN: every entry must be written
   CUDA_ASSERT(cudaDeviceSynchronize());
   cuda::LogitsQK p;
@@ -46,7 +47,7 @@ void run_case(const Case& cs, uint32_t seed) {
   const Status st = cuda::logits_qk(p, nullptr);
   ASSERT_TRUE(st.ok()) << st.message;
   CUDA_ASSERT(cudaDeviceSynchronize());
-  std::vector<float> got(size_t(rows_kv) * 16);
+  std::vector<float> got(size_t(rows_kv) * RS);
   CUDA_ASSERT(cudaMemcpy(got.data(), ds.get(), got.size() * sizeof(float), cudaMemcpyDeviceToHost));
 
   const int per_word = 32 / cs.bits;
@@ -62,8 +63,8 @@ void run_case(const Case& cs, uint32_t seed) {
           const uint32_t code = (k[size_t(row) * WPR + d / per_word] >> (cs.bits * (d % per_word))) & mask;
           kh[d] = double(detail::f16_to_f32(ks[size_t(row) * NG + d / 64])) * code + double(detail::f16_to_f32(kb[size_t(row) * NG + d / 64]));
         }
-        for (int r = 0; r < 16; ++r) {
-          const float v = got[size_t(row) * 16 + r];
+        for (int r = 0; r < RS; ++r) {
+          const float v = got[size_t(row) * RS + r];
           double want = 0.0, mag = 0.0;
           if (r < R) {
             const size_t qo = ((size_t(b) * cs.Hq + h * rep + r / cs.Lq) * cs.Lq + r % cs.Lq) * cs.D;
@@ -93,10 +94,12 @@ TEST(CudaLogitsQK, MatchesHostDotProducts) {
   uint32_t seed = 7;
   for (const int bits : {4, 8})
     for (const int D : {256, 512}) {
-      // 16 rows (GQA 16), 12 rows (GQA 4 x Lq 3: 4 rows of zeros), one row; N: a partial tile,
-      // several blocks of 16 tiles with a partial last one
+      // 16 rows (GQA 16), 12 rows (GQA 4 x Lq 3: 4 rows of zeros), 8 rows (one n-tile), one row
+      // (S of 8 rows, 7 of zeros); N: a partial tile, several blocks of 16 tiles with a partial
+      // last one
       run_case({2, 16, 1, 1, 1100, D, bits}, seed++);
       run_case({1, 8, 2, 3, 77, D, bits}, seed++);
+      run_case({2, 16, 2, 1, 600, D, bits}, seed++);
       run_case({3, 2, 2, 1, 33, D, bits}, seed++);
     }
 }

@@ -77,7 +77,8 @@ int main() {
                          Shape{4, 16, 2, 32768, 256, 8}}) {
     const int64_t rows = int64_t(sh.B) * sh.Hkv * sh.N, ng = sh.D / 64;
     const size_t kbytes = size_t(rows) * sh.D * sh.bits / 8, sbytes = size_t(rows) * ng * 2;
-    const size_t qbytes = size_t(sh.B) * sh.Hq * sh.D * 2, obytes = size_t(rows) * 16 * 4;
+    const int rs = sh.Hq / sh.Hkv <= 8 ? 8 : 16;  // S's rows per token
+    const size_t qbytes = size_t(sh.B) * sh.Hq * sh.D * 2, obytes = size_t(rows) * rs * 4;
     const size_t per_call = kbytes + 2 * sbytes + qbytes;
     const int copies = int(std::max<size_t>(2, (size_t(5) * size_t(l2) + per_call - 1) / per_call));
     std::vector<void*> ks(copies), ss(copies), bs(copies);
