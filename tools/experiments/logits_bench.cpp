@@ -1,6 +1,6 @@
 // Times the two-pass experiment's first pass (src/cuda/logits_qk.cu: the logits of all query rows
 // of a KV head against every key, into f32) on the wide-head shapes of `qsdpa bench`, beside the
-// device-to-device copy bandwidth of the same run. Inputs are random words and scales, rotated
+// device-to-device copy bandwidth of the same run (measured as `qsdpa bench` does). Inputs are random words and scales, rotated
 // over copies that read at least 5x the L2 per rotation; CUDA events, median of 100 calls after
 // 10 warm-up calls. Usage: qsdpa_logits_bench (no arguments).
 #include <cuda_runtime.h>
@@ -10,9 +10,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cuda/testing.hpp"
+#include "exec.hpp"
 
 namespace {
 
@@ -30,31 +32,6 @@ float median(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
-// Read + write bandwidth of cudaMemcpyAsync device to device (GB/s), 512 MiB, median of 10.
-double copy_gbps() {
-  const size_t bytes = size_t(512) << 20;
-  void *a = nullptr, *b = nullptr;
-  CK(cudaMalloc(&a, bytes));
-  CK(cudaMalloc(&b, bytes));
-  CK(cudaMemset(a, 1, bytes));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int i = 0; i < 12; ++i) {
-    CK(cudaEventRecord(e0));
-    CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float t = 0;
-    CK(cudaEventElapsedTime(&t, e0, e1));
-    if (i >= 2) ms.push_back(t);
-  }
-  cudaFree(a), cudaFree(b);
-  cudaEventDestroy(e0), cudaEventDestroy(e1);
-  return 2.0 * double(bytes) / (double(median(ms)) * 1e-3) / 1e9;
-}
-
 struct Shape {
   int B, Hq, Hkv, N, D, bits;
 };
@@ -69,7 +46,12 @@ int main() {
     return 0;
   }
   CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
-  const double copy = copy_gbps();
+  double copy = 0.0;  // (the measurement of `qsdpa bench`)
+  std::string how;
+  if (const qsdpa::Status st = qsdpa_cli::copy_bandwidth(qsdpa::Backend::cuda, &copy, &how); !st.ok()) {
+    std::fprintf(stderr, "copy bandwidth: %s\n", st.message.c_str());
+    return 1;
+  }
   std::printf("logits_qk (first pass of the two-pass experiment) on %s; copy %.1f GB/s (read + write); L2 %d MiB\n",
               prop.name, copy, l2 >> 20);
   std::mt19937 rng(1);
