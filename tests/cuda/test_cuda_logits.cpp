@@ -1,9 +1,11 @@
 // The two-pass experiment's first pass (src/cuda/logits_qk.cu) against the host's dot products:
 // S = scale q·k̂ for every query row of a KV head's group and every token, k̂ = s n + z from the
 // packed MLX words.
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cuda/cuda_testutil.hpp"
@@ -101,6 +103,35 @@ TEST(CudaLogitsQK, MatchesHostDotProducts) {
       run_case({1, 8, 2, 3, 77, D, bits}, seed++);
       run_case({2, 16, 2, 1, 600, D, bits}, seed++);
       run_case({3, 2, 2, 1, 33, D, bits}, seed++);
+    }
+}
+
+// Both passes and the merge against the reference attention (SPEC's f16 bound), on data of
+// test::Problem (keys with large channels and offsets, quantized by the reference quantizer).
+TEST(CudaLogitsQK, TwoPassAttentionMatchesReference) {
+  QSDPA_REQUIRE_CUDA();
+  for (const int D : {256, 512})
+    for (const auto& [B, Hq, Hkv, Lq, N, splits] :
+         std::vector<std::array<int, 6>>{{2, 16, 1, 1, 1000, 3}, {1, 8, 2, 2, 77, 2}, {2, 4, 2, 1, 300, 1}, {1, 16, 1, 1, 4096, 8}}) {
+      test::Case cs;
+      cs.B = B, cs.Hq = Hq, cs.Hkv = Hkv, cs.Lq = Lq, cs.N = N, cs.D = D, cs.seed = uint64_t(D + N + splits);
+      SCOPED_TRACE(cs.str() + " splits=" + std::to_string(splits));
+      test::Problem pr(cs);
+      const test::DeviceBuffer dq(pr.q), dk(pr.k.packed), dks(pr.k.scales), dkb(pr.k.biases), dv(pr.v.packed),
+          dvs(pr.v.scales), dvb(pr.v.biases), dout(pr.out.size());
+      CUDA_ASSERT(cudaMemset(dout.get(), 0xff, dout.bytes()));
+      cuda::LogitsQK p;
+      p.q = dq.get(), p.k = dk.get(), p.k_scales = dks.get(), p.k_biases = dkb.get();
+      p.B = B, p.Hq = Hq, p.Hkv = Hkv, p.Lq = Lq, p.N = N, p.D = D, p.bits = 4;
+      p.scale = 1.0f / std::sqrt(float(D));
+      const test::DeviceBuffer ws(cuda::two_pass_workspace_bytes(p, splits));
+      CUDA_ASSERT(cudaDeviceSynchronize());
+      const Status st = cuda::two_pass_attention(p, dv.get(), dvs.get(), dvb.get(), dout.get(), ws.get(), splits, nullptr);
+      ASSERT_TRUE(st.ok()) << st.message;
+      CUDA_ASSERT(cudaDeviceSynchronize());
+      CUDA_ASSERT(cudaMemcpy(pr.out.data(), dout.get(), pr.out.size(), cudaMemcpyDeviceToHost));
+      const AttentionParams ap = pr.params(Backend::reference);
+      EXPECT_EQ(test::check_against_reference(ap, pr.out.data()), "");
     }
 }
 

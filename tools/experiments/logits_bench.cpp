@@ -1,8 +1,9 @@
-// Times the two-pass experiment's first pass (src/cuda/logits_qk.cu: the logits of all query rows
-// of a KV head against every key, into f32) on the wide-head shapes of `qsdpa bench`, beside the
-// device-to-device copy bandwidth of the same run (measured as `qsdpa bench` does). Inputs are random words and scales, rotated
-// over copies that read at least 5x the L2 per rotation; CUDA events, median of 100 calls after
-// 10 warm-up calls. Usage: qsdpa_logits_bench (no arguments).
+// Times the two-pass experiment (src/cuda/logits_qk.cu: the logits of all query rows of a KV head
+// against every key, into f32; pv_slices.cu: the values per 128-dim slice and the merge) on the
+// wide-head shapes of `qsdpa bench`: pass 1 alone, and both passes with 16, 32 and 64 splits,
+// beside the device-to-device copy bandwidth of the same run (measured as `qsdpa bench` does).
+// Inputs are random words and scales, rotated over copies that read at least 5x the L2 per
+// rotation; CUDA events, median of 100 calls after 10 warm-up calls. Usage: qsdpa_logits_bench.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -55,6 +56,27 @@ int main() {
   std::printf("logits_qk (first pass of the two-pass experiment) on %s; copy %.1f GB/s (read + write); L2 %d MiB\n",
               prop.name, copy, l2 >> 20);
   std::mt19937 rng(1);
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  // median time of 100 calls after 10 (us); call(c) runs on copy c
+  const auto time_us = [&](int copies, auto&& call) {
+    std::vector<float> ms;
+    for (int i = 0; i < 110; ++i) {
+      CK(cudaEventRecord(e0));
+      const qsdpa::Status st = call(i % copies);
+      CK(cudaEventRecord(e1));
+      if (!st.ok()) {
+        std::fprintf(stderr, "call: %s\n", st.message.c_str());
+        std::exit(1);
+      }
+      CK(cudaEventSynchronize(e1));
+      float t = 0;
+      CK(cudaEventElapsedTime(&t, e0, e1));
+      if (i >= 10) ms.push_back(t);
+    }
+    return double(median(ms)) * 1e3;
+  };
   for (const Shape sh : {Shape{4, 16, 1, 32768, 512, 4}, Shape{4, 16, 1, 32768, 512, 8}, Shape{4, 16, 2, 32768, 256, 4},
                          Shape{4, 16, 2, 32768, 256, 8}}) {
     const int64_t rows = int64_t(sh.B) * sh.Hkv * sh.N, ng = sh.D / 64;
@@ -62,58 +84,64 @@ int main() {
     const int rs = sh.Hq / sh.Hkv <= 8 ? 8 : 16;  // S's rows per token
     const size_t qbytes = size_t(sh.B) * sh.Hq * sh.D * 2, obytes = size_t(rows) * rs * 4;
     const size_t per_call = kbytes + 2 * sbytes + qbytes;
-    const int copies = int(std::max<size_t>(2, (size_t(5) * size_t(l2) + per_call - 1) / per_call));
-    std::vector<void*> ks(copies), ss(copies), bs(copies);
+    const bool two = sh.bits == 4;  // (the second pass takes 4-bit values)
+    // copies of K (and V) that read at least 5x the L2 per rotation
+    const size_t per_copy = two ? 2 * per_call : per_call;
+    const int copies = int(std::max<size_t>(2, (size_t(5) * size_t(l2) + per_copy - 1) / per_copy));
+    std::vector<void*> bufs(size_t(copies) * 6, nullptr);  // k, ks, kb, v, vs, vb per copy
     std::vector<uint32_t> hk(kbytes / 4);
     std::vector<uint16_t> hs(sbytes / 2);
     for (auto& w : hk) w = uint32_t(rng());
-    for (auto& s : hs) s = uint16_t(0x2000u + (rng() & 0x0fffu));  // f16 in ~[0.008, 0.03]: not zero
-    for (int i = 0; i < copies; ++i) {
-      CK(cudaMalloc(&ks[i], kbytes));
-      CK(cudaMalloc(&ss[i], sbytes));
-      CK(cudaMalloc(&bs[i], sbytes));
-      CK(cudaMemcpy(ks[i], hk.data(), kbytes, cudaMemcpyHostToDevice));
-      CK(cudaMemcpy(ss[i], hs.data(), sbytes, cudaMemcpyHostToDevice));
-      CK(cudaMemcpy(bs[i], hs.data(), sbytes, cudaMemcpyHostToDevice));
-    }
+    for (auto& x : hs) x = uint16_t(0x2000u + (rng() & 0x0fffu));  // f16 in ~[0.008, 0.03]: not zero
+    for (int i = 0; i < copies; ++i)
+      for (int j = 0; j < (two ? 6 : 3); ++j) {
+        const bool words = j % 3 == 0;
+        void*& b = bufs[size_t(i) * 6 + j];
+        CK(cudaMalloc(&b, words ? kbytes : sbytes));
+        CK(cudaMemcpy(b, words ? static_cast<const void*>(hk.data()) : static_cast<const void*>(hs.data()),
+                      words ? kbytes : sbytes, cudaMemcpyHostToDevice));
+      }
     std::vector<uint16_t> hq(qbytes / 2);
     for (auto& v : hq) v = uint16_t(0x3000u + (rng() & 0x03ffu));
-    void *q = nullptr, *s = nullptr;
+    void *q = nullptr, *sbuf = nullptr, *out = nullptr, *ws = nullptr;
     CK(cudaMalloc(&q, qbytes));
-    CK(cudaMalloc(&s, obytes));
+    CK(cudaMalloc(&sbuf, obytes));
+    CK(cudaMalloc(&out, qbytes));
     CK(cudaMemcpy(q, hq.data(), qbytes, cudaMemcpyHostToDevice));
     qsdpa::cuda::LogitsQK p;
-    p.q = q, p.s = static_cast<float*>(s);
+    p.q = q, p.s = static_cast<float*>(sbuf);
     p.B = sh.B, p.Hq = sh.Hq, p.Hkv = sh.Hkv, p.Lq = 1, p.N = sh.N, p.D = sh.D, p.bits = sh.bits;
     p.scale = 0.0625f;
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    std::vector<float> ms;
-    for (int i = 0; i < 110; ++i) {
-      const int c = i % copies;
-      p.k = ks[c], p.k_scales = ss[c], p.k_biases = bs[c];
-      CK(cudaEventRecord(e0));
-      const qsdpa::Status st = qsdpa::cuda::logits_qk(p, nullptr);
-      CK(cudaEventRecord(e1));
-      if (!st.ok()) {
-        std::fprintf(stderr, "logits_qk: %s\n", st.message.c_str());
-        return 1;
-      }
-      CK(cudaEventSynchronize(e1));
-      float t = 0;
-      CK(cudaEventElapsedTime(&t, e0, e1));
-      if (i >= 10) ms.push_back(t);
-    }
-    const double us = double(median(ms)) * 1e3, moved = double(per_call + obytes);
-    const double gbps = moved / (us * 1e-6) / 1e9;
-    std::printf("B=%d Hq=%d Hkv=%d N=%d D=%d %d-bit keys: %.1f us, %.1f MB read + %.1f MB of S written, %.1f GB/s "
-                "(%.1f %% of copy); %d copies\n",
+    const auto on = [&](int c) {
+      auto r = p;
+      r.k = bufs[size_t(c) * 6], r.k_scales = bufs[size_t(c) * 6 + 1], r.k_biases = bufs[size_t(c) * 6 + 2];
+      return r;
+    };
+    const double us = time_us(copies, [&](int c) { return qsdpa::cuda::logits_qk(on(c), nullptr); });
+    const double gbps = double(per_call + obytes) / (us * 1e-6) / 1e9;
+    std::printf("B=%d Hq=%d Hkv=%d N=%d D=%d %d-bit keys, pass 1: %.1f us, %.1f MB read + %.1f MB of S written, "
+                "%.1f GB/s (%.1f %% of copy); %d copies\n",
                 sh.B, sh.Hq, sh.Hkv, sh.N, sh.D, sh.bits, us, double(per_call) / 1e6, double(obytes) / 1e6, gbps,
                 100.0 * gbps / copy, copies);
-    for (int i = 0; i < copies; ++i) cudaFree(ks[i]), cudaFree(ss[i]), cudaFree(bs[i]);
-    cudaFree(q), cudaFree(s);
-    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    if (two) {
+      // both passes and the merge; bytes as `qsdpa bench` counts them (K and V, scales, biases, q, out)
+      const double cache = double(2 * per_call + qbytes);
+      for (const int splits : {16, 32, 64}) {
+        CK(cudaMalloc(&ws, qsdpa::cuda::two_pass_workspace_bytes(p, splits)));
+        const double t2 = time_us(copies, [&](int c) {
+          const size_t o = size_t(c) * 6;
+          return qsdpa::cuda::two_pass_attention(on(c), bufs[o + 3], bufs[o + 4], bufs[o + 5], out, ws, splits, nullptr);
+        });
+        const double g2 = cache / (t2 * 1e-6) / 1e9;
+        std::printf("  two passes, %d splits: %.1f us, %.1f GB/s of cache, q and out (%.1f %% of copy)\n", splits, t2,
+                    g2, 100.0 * g2 / copy);
+        cudaFree(ws);
+      }
+    }
+    for (void* b : bufs)
+      if (b) cudaFree(b);
+    cudaFree(q), cudaFree(sbuf), cudaFree(out);
   }
+  cudaEventDestroy(e0), cudaEventDestroy(e1);
   return 0;
 }
