@@ -1,18 +1,19 @@
-// The two-pass experiment's second pass (logits_qk.cu is the first): from the logits S and a 4-bit
-// value cache, the softmax-weighted sums of the values, one block per (split of the tokens,
-// 128-dim slice of the head, b * Hkv), then a merge of the splits into the output. Nothing in
-// attention() calls it yet; the tests hold both passes together to the reference attention and
-// qsdpa_logits_bench times them.
+// The two-pass experiment's second pass (logits_qk.cu is the first): from the logits S and a 4- or
+// 8-bit value cache (the keys' width), the softmax-weighted sums of the values, one block per
+// (split of the tokens, 128-dim slice of the head, b * Hkv), then a merge of the splits into the
+// output. Nothing in attention() calls it yet; the tests hold both passes together to the
+// reference attention and qsdpa_logits_bench times them.
 //
 // Per warp and 32-token tile: Oᵀ += Vᵀ Pᵀ with the slice's 128 dims on the mma's M (8 m-tiles),
 // tokens on K, the query rows on N (one or two n-tiles). The values come straight from global
-// memory: lane (g, c) loads words g and g + 8 of the slice for tokens 2c, 2c + 1, 2c + 8, 2c + 9
-// of each 16-token step, and a prmt of two tokens' words gives the token pairs the A operand
-// wants. The M order is the lanes': m-tile 4 h + k (h: word g or g + 8, k: nibble pair) takes
-// nibble 2k of word 8 h + g on row g and nibble 2k + 1 on row g + 8, so each m-tile stays in one
-// group of 64 dims (pv_dim below maps it back). Values are dequantized in f16 (1024 + n, minus
-// 1024, times s plus z: one rounding), the softmax is lazy (the reference moves only when a logit
-// passes it by more than 2^kTau) as in the fused kernel.
+// memory. 4-bit: lane (g, c) loads words g and g + 8 of the slice for tokens 2c, 2c + 1, 2c + 8,
+// 2c + 9 of each 16-token step, and a prmt of two tokens' words gives the token pairs the A
+// operand wants; m-tile 4 h + k (h: word g or g + 8, k: nibble pair) takes nibble 2k of word
+// 8 h + g on row g and nibble 2k + 1 on row g + 8, so each m-tile stays in one group of 64 dims.
+// 8-bit: the lane loads 16 bytes (dims 16 g ... 16 g + 15, one group) of the same 4 tokens, and
+// m-tile i takes its bytes 2i (row g) and 2i + 1 (row g + 8). pv_dim maps the order back. Values
+// are dequantized in f16 (1024 + n, minus 1024, times s plus z: one rounding), the softmax is lazy
+// (the reference moves only when a logit passes it by more than 2^kTau) as in the fused kernel.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -41,19 +42,28 @@ struct PvArgs {
   int N, D, chunk, splits;
 };
 
-// The slice dim of row r (0..15) of m-tile i (0..7).
+// The slice dim of row r (0..15) of m-tile i (0..7). 4-bit: m-tile 4 h + k takes nibbles 2k and
+// 2k + 1 of word 8 h + g (rows g and g + 8). 8-bit: lane g holds the 16 bytes of dims 16 g ...
+// 16 g + 15 (words 4 g ... 4 g + 3), m-tile i takes bytes 2i and 2i + 1 of them.
+template <int VBITS>
 __host__ __device__ constexpr int pv_dim(int i, int r) {
-  const int h = i >> 2, k = i & 3;
-  return 8 * (8 * h + (r & 7)) + 2 * k + (r >> 3);
+  if constexpr (VBITS == 4) {
+    const int h = i >> 2, k = i & 3;
+    return 8 * (8 * h + (r & 7)) + 2 * k + (r >> 3);
+  } else {
+    return 16 * (r & 7) + 2 * i + (r >> 3);
+  }
 }
 
-template <int NT>
+template <int VBITS, int NT>
 __global__ void __launch_bounds__(kPvWarps * 32, 4) pv_kernel(PvArgs a) {
+  static_assert(VBITS == 4 || VBITS == 8, "4- or 8-bit values");
   constexpr int RS = 8 * NT;
+  constexpr int SW = 128 * VBITS / 32;  // words per token and slice
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
   const int split = blockIdx.x, slice = blockIdx.y, bh = blockIdx.z;
   const int64_t seq = int64_t(bh) * a.N;
-  const int WPR = a.D / 8, NG = a.D / 64;
+  const int WPR = a.D * VBITS / 32, NG = a.D / 64;
   const int64_t tb = int64_t(split) * a.chunk;
   const int64_t te = tb + a.chunk < a.N ? tb + a.chunk : a.N;
 
@@ -117,39 +127,68 @@ __global__ void __launch_bounds__(kPvWarps * 32, 4) pv_kernel(PvArgs a) {
     // ---- the values --------------------------------------------------------------------------
 #pragma unroll
     for (int kk = 0; kk < 2; ++kk) {
-      uint32_t x[4][2], sw[4], zw[4];  // [token 2c, 2c + 1, 2c + 8, 2c + 9][word g, g + 8]
+      const uint32_t* rows[4];  // tokens 2c, 2c + 1, 2c + 8, 2c + 9 of the k-step
+      uint32_t sw[4], zw[4];    // their scales and biases of the slice's two groups (one word each)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         int64_t t = t0 + 16 * kk + 2 * c + (j & 1) + 8 * (j >> 1);
         if (t >= te) t = tb;  // (weight 0; a valid row)
-        const uint32_t* row = a.v + (seq + t) * WPR + 16 * slice;
-        x[j][0] = row[g], x[j][1] = row[g + 8];
-        // scales and biases of the slice's two groups (one word each)
+        rows[j] = a.v + (seq + t) * WPR + SW * slice;
         sw[j] = *reinterpret_cast<const uint32_t*>(a.vs + (seq + t) * NG + 2 * slice);
         zw[j] = *reinterpret_cast<const uint32_t*>(a.vb + (seq + t) * NG + 2 * slice);
       }
+      if constexpr (VBITS == 4) {
+        uint32_t x[4][2];  // [token][word g, g + 8]
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        // token pairs (2c, 2c + 1) and (2c + 8, 2c + 9): their group-h scale and bias pairs
-        const uint32_t sel = h ? 0x7632u : 0x5410u;
+        for (int j = 0; j < 4; ++j) x[j][0] = rows[j][g], x[j][1] = rows[j][g + 8];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          // token pairs (2c, 2c + 1) and (2c + 8, 2c + 9): their group-h scale and bias pairs
+          const uint32_t sel = h ? 0x7632u : 0x5410u;
+          const uint32_t s01 = __byte_perm(sw[0], sw[1], sel), z01 = __byte_perm(zw[0], zw[1], sel);
+          const uint32_t s89 = __byte_perm(sw[2], sw[3], sel), z89 = __byte_perm(zw[2], zw[3], sel);
+          const uint32_t lo01 = __byte_perm(x[0][h], x[1][h], 0x5410u), hi01 = __byte_perm(x[0][h], x[1][h], 0x7632u);
+          const uint32_t lo89 = __byte_perm(x[2][h], x[3][h], 0x5410u), hi89 = __byte_perm(x[2][h], x[3][h], 0x7632u);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {  // nibble pair (2k, 2k + 1): m-tile 4 h + k
+            const uint32_t w01 = k < 2 ? lo01 : hi01, w89 = k < 2 ? lo89 : hi89;
+            const int sh = 8 * (k & 1);
+            const auto deq = [](uint32_t w, int shift, bool high, uint32_t s2, uint32_t z2) {
+              const uint32_t y = w >> shift;
+              const uint32_t m2 = high ? mmak::and_or(y, 0x00f000f0u, 0x54005400u)   // 64 + n
+                                       : mmak::and_or(y, 0x000f000fu, 0x64006400u);  // 1024 + n
+              return mmak::Ty<__half>::fma2(mmak::Ty<__half>::add2(m2, high ? 0xD400D400u : 0xE400E400u), s2, z2);
+            };
+            const uint32_t av[4] = {deq(w01, sh, false, s01, z01), deq(w01, sh, true, s01, z01),
+                                    deq(w89, sh, false, s89, z89), deq(w89, sh, true, s89, z89)};
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) mmak::Ty<__half>::mma(o[4 * h + k][nt], av, pb[kk][nt][0], pb[kk][nt][1]);
+          }
+        }
+      } else {
+        uint4 x[4];  // [token]: words 4 g ... 4 g + 3 of the slice (dims 16 g ... 16 g + 15)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) x[j] = *reinterpret_cast<const uint4*>(rows[j] + 4 * g);
+        // the lane's dims are in group g / 4 of the slice
+        const uint32_t sel = g >= 4 ? 0x7632u : 0x5410u;
         const uint32_t s01 = __byte_perm(sw[0], sw[1], sel), z01 = __byte_perm(zw[0], zw[1], sel);
         const uint32_t s89 = __byte_perm(sw[2], sw[3], sel), z89 = __byte_perm(zw[2], zw[3], sel);
-        const uint32_t lo01 = __byte_perm(x[0][h], x[1][h], 0x5410u), hi01 = __byte_perm(x[0][h], x[1][h], 0x7632u);
-        const uint32_t lo89 = __byte_perm(x[2][h], x[3][h], 0x5410u), hi89 = __byte_perm(x[2][h], x[3][h], 0x7632u);
+        const auto word = [](const uint4& u, int i) { return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w; };
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {  // nibble pair (2k, 2k + 1): m-tile 4 h + k
-          const uint32_t w01 = k < 2 ? lo01 : hi01, w89 = k < 2 ? lo89 : hi89;
-          const int sh = 8 * (k & 1);
-          const auto deq = [](uint32_t w, int shift, bool high, uint32_t s2, uint32_t z2) {
-            const uint32_t y = w >> shift;
-            const uint32_t m2 = high ? mmak::and_or(y, 0x00f000f0u, 0x54005400u)   // 64 + n
-                                     : mmak::and_or(y, 0x000f000fu, 0x64006400u);  // 1024 + n
-            return mmak::Ty<__half>::fma2(mmak::Ty<__half>::add2(m2, high ? 0xD400D400u : 0xE400E400u), s2, z2);
+        for (int i = 0; i < 8; ++i) {  // m-tile i: bytes 2i, 2i + 1 of the lane's 16 (word i / 2)
+          // [t0 byte b, t0 byte b + 1, t1 byte b, t1 byte b + 1], b = 2 (i & 1)
+          const uint32_t bsel = (i & 1) ? 0x7632u : 0x5410u;
+          const uint32_t y01 = __byte_perm(word(x[0], i >> 1), word(x[1], i >> 1), bsel);
+          const uint32_t y89 = __byte_perm(word(x[2], i >> 1), word(x[3], i >> 1), bsel);
+          // 1024 + n as f16: the code in the mantissa's low byte under the exponent 0x64
+          const auto deq = [](uint32_t y, bool high, uint32_t s2, uint32_t z2) {
+            const uint32_t m2 = __byte_perm(y, 0x64646464u, high ? 0x4341u : 0x4240u);
+            return mmak::Ty<__half>::fma2(mmak::Ty<__half>::add2(m2, 0xE400E400u), s2, z2);
           };
-          const uint32_t av[4] = {deq(w01, sh, false, s01, z01), deq(w01, sh, true, s01, z01),
-                                  deq(w89, sh, false, s89, z89), deq(w89, sh, true, s89, z89)};
+          const uint32_t av[4] = {deq(y01, false, s01, z01), deq(y01, true, s01, z01), deq(y89, false, s89, z89),
+                                  deq(y89, true, s89, z89)};
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt) mmak::Ty<__half>::mma(o[4 * h + k][nt], av, pb[kk][nt][0], pb[kk][nt][1]);
+          for (int nt = 0; nt < NT; ++nt) mmak::Ty<__half>::mma(o[i][nt], av, pb[kk][nt][0], pb[kk][nt][1]);
         }
       }
     }
@@ -187,7 +226,7 @@ __global__ void __launch_bounds__(kPvWarps * 32, 4) pv_kernel(PvArgs a) {
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
           for (int v = 0; v < 4; ++v) {
-            const int r = nt * 8 + 2 * c + (v & 1), d = pv_dim(i, g + 8 * (v >> 1));
+            const int r = nt * 8 + 2 * c + (v & 1), d = pv_dim<VBITS>(i, g + 8 * (v >> 1));
             red[r][d] += o[i][nt][v] * fw[nt][v & 1];
           }
     }
@@ -248,7 +287,7 @@ Status two_pass_attention(const LogitsQK& p, const void* v, const void* v_scales
   const auto bad = [](const std::string& m) {
     return detail::make_status(StatusCode::invalid_argument, "two_pass_attention: " + m, Backend::cuda);
   };
-  if (p.bits != 4) return bad("4-bit values only (this experiment)");
+  if (p.bits != 4 && p.bits != 8) return bad("4- or 8-bit values (as the keys)");
   if (splits < 1 || !v || !v_scales || !v_biases || !out || !workspace) return bad("buffers and splits >= 1");
   const int R = (p.Hq / p.Hkv) * p.Lq, RS = R <= 8 ? 8 : 16;
   const size_t bhs = size_t(p.B) * p.Hkv;
@@ -270,10 +309,17 @@ Status two_pass_attention(const LogitsQK& p, const void* v, const void* v_scales
   a.chunk = int((int64_t(p.N) + splits - 1) / splits);
   a.chunk = (a.chunk + 31) / 32 * 32;
   const dim3 grid(unsigned(splits), unsigned(p.D / 128), unsigned(bhs));
-  if (RS == 8)
-    pv_kernel<1><<<grid, kPvWarps * 32, 0, st>>>(a);
-  else
-    pv_kernel<2><<<grid, kPvWarps * 32, 0, st>>>(a);
+  if (p.bits == 4) {
+    if (RS == 8)
+      pv_kernel<4, 1><<<grid, kPvWarps * 32, 0, st>>>(a);
+    else
+      pv_kernel<4, 2><<<grid, kPvWarps * 32, 0, st>>>(a);
+  } else {
+    if (RS == 8)
+      pv_kernel<8, 1><<<grid, kPvWarps * 32, 0, st>>>(a);
+    else
+      pv_kernel<8, 2><<<grid, kPvWarps * 32, 0, st>>>(a);
+  }
   pv_merge_kernel<<<dim3(unsigned(bhs), unsigned(R)), 128, 0, st>>>(a, static_cast<__half*>(out), p.Hkv, p.Hq, p.Lq,
                                                                      R, RS);
   const cudaError_t e = cudaGetLastError();

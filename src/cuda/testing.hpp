@@ -109,8 +109,8 @@ struct LogitsQK {
 };
 Status logits_qk(const LogitsQK& p, void* stream);
 // The experiment's two passes (pv_slices.cu): logits_qk into the workspace, then per split of the
-// tokens and 128-dim slice the softmax-weighted 4-bit values (v packed [B, Hkv, N, D / 8], f16
-// scales and biases as the keys'), then the splits merged into out (f16 [B, Hq, Lq, D]). No mask,
+// tokens and 128-dim slice the softmax-weighted values, as wide as the keys (v packed [B, Hkv, N,
+// D * bits / 32], f16 scales and biases as the keys'), then the splits merged into out (f16 [B, Hq, Lq, D]). No mask,
 // sinks or window; `splits` token ranges; the workspace holds two_pass_workspace_bytes(p, splits).
 size_t two_pass_workspace_bytes(const LogitsQK& p, int splits);
 Status two_pass_attention(const LogitsQK& p, const void* v, const void* v_scales, const void* v_biases, void* out,

@@ -110,11 +110,13 @@ TEST(CudaLogitsQK, MatchesHostDotProducts) {
 // test::Problem (keys with large channels and offsets, quantized by the reference quantizer).
 TEST(CudaLogitsQK, TwoPassAttentionMatchesReference) {
   QSDPA_REQUIRE_CUDA();
+  for (const int bits : {4, 8})
   for (const int D : {256, 512})
     for (const auto& [B, Hq, Hkv, Lq, N, splits] :
          std::vector<std::array<int, 6>>{{2, 16, 1, 1, 1000, 3}, {1, 8, 2, 2, 77, 2}, {2, 4, 2, 1, 300, 1}, {1, 16, 1, 1, 4096, 8}}) {
       test::Case cs;
-      cs.B = B, cs.Hq = Hq, cs.Hkv = Hkv, cs.Lq = Lq, cs.N = N, cs.D = D, cs.seed = uint64_t(D + N + splits);
+      cs.B = B, cs.Hq = Hq, cs.Hkv = Hkv, cs.Lq = Lq, cs.N = N, cs.D = D, cs.seed = uint64_t(D + N + splits + bits);
+      cs.kf = {bits, 64}, cs.vf = {bits, 64};
       SCOPED_TRACE(cs.str() + " splits=" + std::to_string(splits));
       test::Problem pr(cs);
       const test::DeviceBuffer dq(pr.q), dk(pr.k.packed), dks(pr.k.scales), dkb(pr.k.biases), dv(pr.v.packed),
@@ -122,7 +124,7 @@ TEST(CudaLogitsQK, TwoPassAttentionMatchesReference) {
       CUDA_ASSERT(cudaMemset(dout.get(), 0xff, dout.bytes()));
       cuda::LogitsQK p;
       p.q = dq.get(), p.k = dk.get(), p.k_scales = dks.get(), p.k_biases = dkb.get();
-      p.B = B, p.Hq = Hq, p.Hkv = Hkv, p.Lq = Lq, p.N = N, p.D = D, p.bits = 4;
+      p.B = B, p.Hq = Hq, p.Hkv = Hkv, p.Lq = Lq, p.N = N, p.D = D, p.bits = bits;
       p.scale = 1.0f / std::sqrt(float(D));
       const test::DeviceBuffer ws(cuda::two_pass_workspace_bytes(p, splits));
       CUDA_ASSERT(cudaDeviceSynchronize());

@@ -1,6 +1,6 @@
 // Times the two-pass experiment (src/cuda/logits_qk.cu: the logits of all query rows of a KV head
 // against every key, into f32; pv_slices.cu: the values per 128-dim slice and the merge) on the
-// wide-head shapes of `qsdpa bench`: pass 1 alone, and both passes with 16, 32 and 64 splits,
+// wide-head shapes of `qsdpa bench` (4- and 8-bit): pass 1 alone, and both passes with 16, 32 and 64 splits,
 // beside the device-to-device copy bandwidth of the same run (measured as `qsdpa bench` does).
 // Inputs are random words and scales, rotated over copies that read at least 5x the L2 per
 // rotation; CUDA events, median of 100 calls after 10 warm-up calls. Usage: qsdpa_logits_bench.
@@ -84,9 +84,8 @@ int main() {
     const int rs = sh.Hq / sh.Hkv <= 8 ? 8 : 16;  // S's rows per token
     const size_t qbytes = size_t(sh.B) * sh.Hq * sh.D * 2, obytes = size_t(rows) * rs * 4;
     const size_t per_call = kbytes + 2 * sbytes + qbytes;
-    const bool two = sh.bits == 4;  // (the second pass takes 4-bit values)
     // copies of K (and V) that read at least 5x the L2 per rotation
-    const size_t per_copy = two ? 2 * per_call : per_call;
+    const size_t per_copy = 2 * per_call;  // K and V
     const int copies = int(std::max<size_t>(2, (size_t(5) * size_t(l2) + per_copy - 1) / per_copy));
     std::vector<void*> bufs(size_t(copies) * 6, nullptr);  // k, ks, kb, v, vs, vb per copy
     std::vector<uint32_t> hk(kbytes / 4);
@@ -94,7 +93,7 @@ int main() {
     for (auto& w : hk) w = uint32_t(rng());
     for (auto& x : hs) x = uint16_t(0x2000u + (rng() & 0x0fffu));  // f16 in ~[0.008, 0.03]: not zero
     for (int i = 0; i < copies; ++i)
-      for (int j = 0; j < (two ? 6 : 3); ++j) {
+      for (int j = 0; j < 6; ++j) {
         const bool words = j % 3 == 0;
         void*& b = bufs[size_t(i) * 6 + j];
         CK(cudaMalloc(&b, words ? kbytes : sbytes));
@@ -123,7 +122,7 @@ int main() {
                 "%.1f GB/s (%.1f %% of copy); %d copies\n",
                 sh.B, sh.Hq, sh.Hkv, sh.N, sh.D, sh.bits, us, double(per_call) / 1e6, double(obytes) / 1e6, gbps,
                 100.0 * gbps / copy, copies);
-    if (two) {
+    {
       // both passes and the merge; bytes as `qsdpa bench` counts them (K and V, scales, biases, q, out)
       const double cache = double(2 * per_call + qbytes);
       for (const int splits : {16, 32, 64}) {
