@@ -38,7 +38,7 @@ namespace qsdpa::cuda {
 namespace {
 
 constexpr int kLgWarps = 4;
-constexpr int kLgTilesPerWarp = 4;  // 32-token tiles per warp and block
+constexpr int kLgTilesPerWarp = 4;  // 32-token tiles per warp and block (LogitsQK::tiles_per_warp = 0)
 constexpr int kLgRows = 16;
 constexpr int kLgGroup = 64;
 
@@ -51,6 +51,7 @@ struct LgArgs {
   int Hq, Hkv, rep, Lq, N;
   float scale;
   int64_t tiles;  // 32-token tiles per sequence
+  int tpw;        // 32-token tiles per warp and block
 };
 
 // The head dim (within its group) that k-slot `slot` (0: 2c, 1: 2c + 1, 2: 2c + 8, 3: 2c + 9) of
@@ -174,8 +175,8 @@ __global__ void __launch_bounds__(kLgWarps * 32, 4) logits_kernel(LgArgs a) {
 
   // ---- tiles ------------------------------------------------------------------------------------
   const int64_t seq = int64_t(bh) * a.N;
-  for (int it = 0; it < kLgTilesPerWarp; ++it) {
-    const int64_t tile = (int64_t(blockIdx.x) * kLgTilesPerWarp + it) * kLgWarps + warp;
+  for (int it = 0; it < a.tpw; ++it) {
+    const int64_t tile = (int64_t(blockIdx.x) * a.tpw + it) * kLgWarps + warp;
     if (tile >= a.tiles) break;
     const int64_t t0 = tile * 32;
     int64_t tok[2][2];
@@ -290,7 +291,7 @@ __global__ void __launch_bounds__(kLgWarps * 32, 4) logits_kernel(LgArgs a) {
 
 template <int BITS, int D>
 cudaError_t launch(const LgArgs& a, int bhs, cudaStream_t s) {
-  const int64_t per_block = int64_t(kLgWarps) * kLgTilesPerWarp;
+  const int64_t per_block = int64_t(kLgWarps) * a.tpw;
   const dim3 grid(unsigned((a.tiles + per_block - 1) / per_block), unsigned(bhs));
   if (a.rep * a.Lq <= 8)
     logits_kernel<BITS, D, 1><<<grid, kLgWarps * 32, 0, s>>>(a);
@@ -322,6 +323,7 @@ Status logits_qk(const LogitsQK& p, void* stream) {
   a.Hq = p.Hq, a.Hkv = p.Hkv, a.rep = p.Hq / p.Hkv, a.Lq = p.Lq, a.N = p.N;
   a.scale = p.scale;
   a.tiles = (int64_t(p.N) + 31) / 32;
+  a.tpw = p.tiles_per_warp > 0 ? p.tiles_per_warp : kLgTilesPerWarp;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const int bhs = p.B * p.Hkv;
   const cudaError_t e = p.bits == 4 ? (p.D == 256 ? launch<4, 256>(a, bhs, s) : launch<4, 512>(a, bhs, s))

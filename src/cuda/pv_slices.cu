@@ -40,6 +40,7 @@ struct PvArgs {
   float* pm;  // [split][bh][RS]: the reference (log2 units)
   float* pl;  // [split][bh][RS]: the sum of weights
   int N, D, chunk, splits;
+  int Lq;  // row r sits at position N - Lq + r % Lq: tokens past it are hidden (causal)
 };
 
 // The slice dim of row r (0..15) of m-tile i (0..7). 4-bit: m-tile 4 h + k takes nibbles 2k and
@@ -56,7 +57,7 @@ __host__ __device__ constexpr int pv_dim(int i, int r) {
 }
 
 template <int VBITS, int NT>
-__global__ void __launch_bounds__(kPvWarps * 32, 4) pv_kernel(PvArgs a) {
+__global__ void __launch_bounds__(kPvWarps * 32, NT == 2 ? 3 : 4) pv_kernel(PvArgs a) {
   static_assert(VBITS == 4 || VBITS == 8, "4- or 8-bit values");
   constexpr int RS = 8 * NT;
   constexpr int SW = 128 * VBITS / 32;  // words per token and slice
@@ -67,12 +68,36 @@ __global__ void __launch_bounds__(kPvWarps * 32, 4) pv_kernel(PvArgs a) {
   const int64_t tb = int64_t(split) * a.chunk;
   const int64_t te = tb + a.chunk < a.N ? tb + a.chunk : a.N;
 
+  // the last visible token of the lane's rows nt * 8 + g (SPEC: position N - Lq + r % Lq)
+  int64_t last[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) last[nt] = a.N - a.Lq + (nt * 8 + g) % a.Lq;
+
   float o[8][NT][4] = {};
   float m[NT], l[NT];  // lane's row nt * 8 + g: reference (log2 units) and partial sum
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) m[nt] = -INFINITY, l[nt] = 0.0f;
 
   for (int64_t t0 = tb + 32 * warp; t0 < te; t0 += 32 * kPvWarps) {
+    // ---- the tile's values, loaded first so that they are in flight with the logits ----------
+    // (per k-step: tokens 2c, 2c + 1, 2c + 8, 2c + 9; 4-bit: words g and g + 8 of the slice;
+    // 8-bit: words 4 g ... 4 g + 3; and each token's scales and biases of the slice's 2 groups)
+    uint4 vx[2][4];
+    uint32_t sw[2][4], zw[2][4];
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        int64_t t = t0 + 16 * kk + 2 * c + (j & 1) + 8 * (j >> 1);
+        if (t >= te) t = tb;  // (weight 0; a valid row)
+        const uint32_t* row = a.v + (seq + t) * WPR + SW * slice;
+        if constexpr (VBITS == 4)
+          vx[kk][j].x = row[g], vx[kk][j].y = row[g + 8];
+        else
+          vx[kk][j] = *reinterpret_cast<const uint4*>(row + 4 * g);
+        sw[kk][j] = *reinterpret_cast<const uint32_t*>(a.vs + (seq + t) * NG + 2 * slice);
+        zw[kk][j] = *reinterpret_cast<const uint32_t*>(a.vb + (seq + t) * NG + 2 * slice);
+      }
     // ---- the tile's logits (f32, log2 units) for the lane's B fragments ---------------------
     float sv[2][NT][4];  // [k-step][nt][tokens 2c, 2c + 1, 2c + 8, 2c + 9]
     float tmax[NT];
@@ -85,7 +110,7 @@ __global__ void __launch_bounds__(kPvWarps * 32, 4) pv_kernel(PvArgs a) {
         const int64_t t = t0 + 16 * kk + 2 * c + (j & 1) + 8 * (j >> 1);
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          const float x = t < te ? a.s[(seq + t) * RS + nt * 8 + g] * kPvLog2e : -INFINITY;
+          const float x = t < te && t <= last[nt] ? a.s[(seq + t) * RS + nt * 8 + g] * kPvLog2e : -INFINITY;
           sv[kk][nt][j] = x;
           tmax[nt] = fmaxf(tmax[nt], x);
         }
@@ -127,26 +152,15 @@ __global__ void __launch_bounds__(kPvWarps * 32, 4) pv_kernel(PvArgs a) {
     // ---- the values --------------------------------------------------------------------------
 #pragma unroll
     for (int kk = 0; kk < 2; ++kk) {
-      const uint32_t* rows[4];  // tokens 2c, 2c + 1, 2c + 8, 2c + 9 of the k-step
-      uint32_t sw[4], zw[4];    // their scales and biases of the slice's two groups (one word each)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        int64_t t = t0 + 16 * kk + 2 * c + (j & 1) + 8 * (j >> 1);
-        if (t >= te) t = tb;  // (weight 0; a valid row)
-        rows[j] = a.v + (seq + t) * WPR + SW * slice;
-        sw[j] = *reinterpret_cast<const uint32_t*>(a.vs + (seq + t) * NG + 2 * slice);
-        zw[j] = *reinterpret_cast<const uint32_t*>(a.vb + (seq + t) * NG + 2 * slice);
-      }
       if constexpr (VBITS == 4) {
-        uint32_t x[4][2];  // [token][word g, g + 8]
-#pragma unroll
-        for (int j = 0; j < 4; ++j) x[j][0] = rows[j][g], x[j][1] = rows[j][g + 8];
+        const uint32_t x[4][2] = {{vx[kk][0].x, vx[kk][0].y}, {vx[kk][1].x, vx[kk][1].y},
+                                  {vx[kk][2].x, vx[kk][2].y}, {vx[kk][3].x, vx[kk][3].y}};  // [token][word g, g + 8]
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           // token pairs (2c, 2c + 1) and (2c + 8, 2c + 9): their group-h scale and bias pairs
           const uint32_t sel = h ? 0x7632u : 0x5410u;
-          const uint32_t s01 = __byte_perm(sw[0], sw[1], sel), z01 = __byte_perm(zw[0], zw[1], sel);
-          const uint32_t s89 = __byte_perm(sw[2], sw[3], sel), z89 = __byte_perm(zw[2], zw[3], sel);
+          const uint32_t s01 = __byte_perm(sw[kk][0], sw[kk][1], sel), z01 = __byte_perm(zw[kk][0], zw[kk][1], sel);
+          const uint32_t s89 = __byte_perm(sw[kk][2], sw[kk][3], sel), z89 = __byte_perm(zw[kk][2], zw[kk][3], sel);
           const uint32_t lo01 = __byte_perm(x[0][h], x[1][h], 0x5410u), hi01 = __byte_perm(x[0][h], x[1][h], 0x7632u);
           const uint32_t lo89 = __byte_perm(x[2][h], x[3][h], 0x5410u), hi89 = __byte_perm(x[2][h], x[3][h], 0x7632u);
 #pragma unroll
@@ -166,13 +180,11 @@ __global__ void __launch_bounds__(kPvWarps * 32, 4) pv_kernel(PvArgs a) {
           }
         }
       } else {
-        uint4 x[4];  // [token]: words 4 g ... 4 g + 3 of the slice (dims 16 g ... 16 g + 15)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) x[j] = *reinterpret_cast<const uint4*>(rows[j] + 4 * g);
+        const uint4* x = vx[kk];  // [token]: words 4 g ... 4 g + 3 of the slice (dims 16 g ... 16 g + 15)
         // the lane's dims are in group g / 4 of the slice
         const uint32_t sel = g >= 4 ? 0x7632u : 0x5410u;
-        const uint32_t s01 = __byte_perm(sw[0], sw[1], sel), z01 = __byte_perm(zw[0], zw[1], sel);
-        const uint32_t s89 = __byte_perm(sw[2], sw[3], sel), z89 = __byte_perm(zw[2], zw[3], sel);
+        const uint32_t s01 = __byte_perm(sw[kk][0], sw[kk][1], sel), z01 = __byte_perm(zw[kk][0], zw[kk][1], sel);
+        const uint32_t s89 = __byte_perm(sw[kk][2], sw[kk][3], sel), z89 = __byte_perm(zw[kk][2], zw[kk][3], sel);
         const auto word = [](const uint4& u, int i) { return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w; };
 #pragma unroll
         for (int i = 0; i < 8; ++i) {  // m-tile i: bytes 2i, 2i + 1 of the lane's 16 (word i / 2)
@@ -249,27 +261,25 @@ __global__ void __launch_bounds__(kPvWarps * 32, 4) pv_kernel(PvArgs a) {
   (void)bm;
 }
 
-// out[b, h rep + r / Lq, r % Lq, d] = Σ_s po_s exp2(pm_s - M) / Σ_s pl_s exp2(pm_s - M), f16.
-__global__ void pv_merge_kernel(PvArgs a, __half* out, int Hkv, int Hq, int Lq, int R, int RS) {
-  const int bh = blockIdx.x, r = blockIdx.y, b = bh / Hkv, h = bh % Hkv, rep = Hq / Hkv;
-  const int nbh = gridDim.x;
+// out[b, h rep + r / Lq, r % Lq, d] = Σ_s po_s exp2(pm_s - M) / Σ_s pl_s exp2(pm_s - M), f16; a
+// block per (b * Hkv, row, 128 dims), a thread per dim.
+__global__ void pv_merge_kernel(PvArgs a, __half* out, int Hkv, int Hq, int RS) {
+  const int bh = blockIdx.x, r = blockIdx.y, b = bh / Hkv, h = bh % Hkv, rep = Hq / Hkv, Lq = a.Lq;
+  const int nbh = gridDim.x, d = 128 * int(blockIdx.z) + int(threadIdx.x);
   float mx = -INFINITY;
   for (int s = 0; s < a.splits; ++s) mx = fmaxf(mx, a.pm[(int64_t(s) * nbh + bh) * RS + r]);
-  float den = 0.0f;
+  float den = 0.0f, acc = 0.0f;
+#pragma unroll 4
   for (int s = 0; s < a.splits; ++s) {
     const int64_t k = (int64_t(s) * nbh + bh) * RS + r;
-    if (a.pm[k] != -INFINITY) den += a.pl[k] * exp2f(a.pm[k] - mx);
-  }
-  __half* dst = out + ((int64_t(b) * Hq + h * rep + r / Lq) * Lq + r % Lq) * a.D;
-  for (int d = threadIdx.x; d < a.D; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int s = 0; s < a.splits; ++s) {
-      const int64_t k = (int64_t(s) * nbh + bh) * RS + r;
-      if (a.pm[k] != -INFINITY) acc += a.po[k * a.D + d] * exp2f(a.pm[k] - mx);
+    const float pm = a.pm[k];
+    if (pm != -INFINITY) {
+      const float f = exp2f(pm - mx);
+      den += a.pl[k] * f;
+      acc += a.po[k * a.D + d] * f;
     }
-    dst[d] = __float2half_rn(den > 0.0f ? acc / den : 0.0f);
   }
-  (void)R;
+  out[((int64_t(b) * Hq + h * rep + r / Lq) * Lq + r % Lq) * a.D + d] = __float2half_rn(den > 0.0f ? acc / den : 0.0f);
 }
 
 }  // namespace
@@ -305,7 +315,7 @@ Status two_pass_attention(const LogitsQK& p, const void* v, const void* v_scales
   a.po = reinterpret_cast<float*>(w);
   a.pm = a.po + part * size_t(p.D);
   a.pl = a.pm + part;
-  a.N = p.N, a.D = p.D, a.splits = splits;
+  a.N = p.N, a.D = p.D, a.splits = splits, a.Lq = p.Lq;
   a.chunk = int((int64_t(p.N) + splits - 1) / splits);
   a.chunk = (a.chunk + 31) / 32 * 32;
   const dim3 grid(unsigned(splits), unsigned(p.D / 128), unsigned(bhs));
@@ -320,8 +330,8 @@ Status two_pass_attention(const LogitsQK& p, const void* v, const void* v_scales
     else
       pv_kernel<8, 2><<<grid, kPvWarps * 32, 0, st>>>(a);
   }
-  pv_merge_kernel<<<dim3(unsigned(bhs), unsigned(R)), 128, 0, st>>>(a, static_cast<__half*>(out), p.Hkv, p.Hq, p.Lq,
-                                                                     R, RS);
+  pv_merge_kernel<<<dim3(unsigned(bhs), unsigned(R), unsigned(p.D / 128)), 128, 0, st>>>(a, static_cast<__half*>(out),
+                                                                                          p.Hkv, p.Hq, RS);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)
     return detail::make_status(StatusCode::backend_error, std::string("two_pass_attention: ") + cudaGetErrorString(e),

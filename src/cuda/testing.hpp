@@ -106,6 +106,7 @@ struct LogitsQK {
   float* s = nullptr;
   int B = 0, Hq = 0, Hkv = 0, Lq = 1, N = 0, D = 0, bits = 4;
   float scale = 1.0f;
+  int tiles_per_warp = 0;  // 32-token tiles per warp of a block (0: the default, 4)
 };
 Status logits_qk(const LogitsQK& p, void* stream);
 // The experiment's two passes (pv_slices.cu): logits_qk into the workspace, then per split of the

@@ -15,6 +15,7 @@ namespace {
 
 struct Case {
   int B, Hq, Hkv, Lq, N, D, bits;
+  int tiles_per_warp = 0;  // (0: the kernel's default)
 };
 
 void run_case(const Case& cs, uint32_t seed) {
@@ -46,6 +47,7 @@ void run_case(const Case& cs, uint32_t seed) {
   p.q = dq.get(), p.k = dk.get(), p.k_scales = dks.get(), p.k_biases = dkb.get(), p.s = ds.as<float>();
   p.B = cs.B, p.Hq = cs.Hq, p.Hkv = cs.Hkv, p.Lq = cs.Lq, p.N = cs.N, p.D = cs.D, p.bits = cs.bits;
   p.scale = scale;
+  p.tiles_per_warp = cs.tiles_per_warp;
   const Status st = cuda::logits_qk(p, nullptr);
   ASSERT_TRUE(st.ok()) << st.message;
   CUDA_ASSERT(cudaDeviceSynchronize());
@@ -103,6 +105,9 @@ TEST(CudaLogitsQK, MatchesHostDotProducts) {
       run_case({1, 8, 2, 3, 77, D, bits}, seed++);
       run_case({2, 16, 2, 1, 600, D, bits}, seed++);
       run_case({3, 2, 2, 1, 33, D, bits}, seed++);
+      // blocks of 1 and 2 tiles per warp (more blocks, a partial last block)
+      run_case({1, 16, 1, 1, 1000, D, bits, 1}, seed++);
+      run_case({2, 8, 2, 1, 333, D, bits, 2}, seed++);
     }
 }
 
@@ -113,7 +118,7 @@ TEST(CudaLogitsQK, TwoPassAttentionMatchesReference) {
   for (const int bits : {4, 8})
   for (const int D : {256, 512})
     for (const auto& [B, Hq, Hkv, Lq, N, splits] :
-         std::vector<std::array<int, 6>>{{2, 16, 1, 1, 1000, 3}, {1, 8, 2, 2, 77, 2}, {2, 4, 2, 1, 300, 1}, {1, 16, 1, 1, 4096, 8}}) {
+         std::vector<std::array<int, 6>>{{2, 16, 1, 1, 1000, 3}, {1, 8, 2, 2, 77, 2}, {1, 8, 2, 4, 300, 3}, {2, 4, 2, 1, 300, 1}, {1, 16, 1, 1, 4096, 8}}) {
       test::Case cs;
       cs.B = B, cs.Hq = Hq, cs.Hkv = Hkv, cs.Lq = Lq, cs.N = N, cs.D = D, cs.seed = uint64_t(D + N + splits + bits);
       cs.kf = {bits, 64}, cs.vf = {bits, 64};

@@ -1,9 +1,11 @@
 // Times the two-pass experiment (src/cuda/logits_qk.cu: the logits of all query rows of a KV head
 // against every key, into f32; pv_slices.cu: the values per 128-dim slice and the merge) on the
-// wide-head shapes of `qsdpa bench` (4- and 8-bit): pass 1 alone, and both passes with 16, 32 and 64 splits,
+// wide-head shapes of `qsdpa bench` (4- and 8-bit): pass 1 alone (1, 2, 4 and 8 tiles per warp), and both passes
+// with 16 to 64 splits,
 // beside the device-to-device copy bandwidth of the same run (measured as `qsdpa bench` does).
 // Inputs are random words and scales, rotated over copies that read at least 5x the L2 per
-// rotation; CUDA events, median of 100 calls after 10 warm-up calls. Usage: qsdpa_logits_bench.
+// rotation; CUDA events, median of 100 calls after 10 warm-up calls. Usage: qsdpa_logits_bench [D bits]
+// (one shape only, e.g. under a profiler).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -39,7 +41,8 @@ struct Shape {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const int only_d = argc > 2 ? std::atoi(argv[1]) : 0, only_bits = argc > 2 ? std::atoi(argv[2]) : 0;
   int dev = 0, l2 = 0;
   cudaDeviceProp prop{};
   if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
@@ -79,6 +82,7 @@ int main() {
   };
   for (const Shape sh : {Shape{4, 16, 1, 32768, 512, 4}, Shape{4, 16, 1, 32768, 512, 8}, Shape{4, 16, 2, 32768, 256, 4},
                          Shape{4, 16, 2, 32768, 256, 8}}) {
+    if (only_d && (sh.D != only_d || sh.bits != only_bits)) continue;
     const int64_t rows = int64_t(sh.B) * sh.Hkv * sh.N, ng = sh.D / 64;
     const size_t kbytes = size_t(rows) * sh.D * sh.bits / 8, sbytes = size_t(rows) * ng * 2;
     const int rs = sh.Hq / sh.Hkv <= 8 ? 8 : 16;  // S's rows per token
@@ -116,24 +120,33 @@ int main() {
       r.k = bufs[size_t(c) * 6], r.k_scales = bufs[size_t(c) * 6 + 1], r.k_biases = bufs[size_t(c) * 6 + 2];
       return r;
     };
-    const double us = time_us(copies, [&](int c) { return qsdpa::cuda::logits_qk(on(c), nullptr); });
-    const double gbps = double(per_call + obytes) / (us * 1e-6) / 1e9;
-    std::printf("B=%d Hq=%d Hkv=%d N=%d D=%d %d-bit keys, pass 1: %.1f us, %.1f MB read + %.1f MB of S written, "
-                "%.1f GB/s (%.1f %% of copy); %d copies\n",
-                sh.B, sh.Hq, sh.Hkv, sh.N, sh.D, sh.bits, us, double(per_call) / 1e6, double(obytes) / 1e6, gbps,
-                100.0 * gbps / copy, copies);
+    // pass 1 with 1, 2, 4 (the default) and 8 tiles of 32 tokens per warp and block; the best
+    // is kept for the two passes
+    double best = 1e30;
+    int best_tpw = 0;
+    for (const int tpw : {1, 2, 4, 8}) {
+      p.tiles_per_warp = tpw;
+      const double us = time_us(copies, [&](int c) { return qsdpa::cuda::logits_qk(on(c), nullptr); });
+      const double gbps = double(per_call + obytes) / (us * 1e-6) / 1e9;
+      std::printf("B=%d Hq=%d Hkv=%d N=%d D=%d %d-bit keys, pass 1, %d tiles per warp: %.1f us, %.1f MB read + %.1f MB "
+                  "of S written, %.1f GB/s (%.1f %% of copy); %d copies\n",
+                  sh.B, sh.Hq, sh.Hkv, sh.N, sh.D, sh.bits, tpw, us, double(per_call) / 1e6, double(obytes) / 1e6,
+                  gbps, 100.0 * gbps / copy, copies);
+      if (us < best) best = us, best_tpw = tpw;
+    }
+    p.tiles_per_warp = best_tpw;
     {
       // both passes and the merge; bytes as `qsdpa bench` counts them (K and V, scales, biases, q, out)
       const double cache = double(2 * per_call + qbytes);
-      for (const int splits : {16, 32, 64}) {
+      for (const int splits : {16, 24, 32, 48, 64}) {
         CK(cudaMalloc(&ws, qsdpa::cuda::two_pass_workspace_bytes(p, splits)));
         const double t2 = time_us(copies, [&](int c) {
           const size_t o = size_t(c) * 6;
           return qsdpa::cuda::two_pass_attention(on(c), bufs[o + 3], bufs[o + 4], bufs[o + 5], out, ws, splits, nullptr);
         });
         const double g2 = cache / (t2 * 1e-6) / 1e9;
-        std::printf("  two passes, %d splits: %.1f us, %.1f GB/s of cache, q and out (%.1f %% of copy)\n", splits, t2,
-                    g2, 100.0 * g2 / copy);
+        std::printf("  two passes, %d splits (pass 1: %d tiles per warp): %.1f us, %.1f GB/s of cache, q and out (%.1f %% "
+                    "of copy)\n", splits, p.tiles_per_warp, t2, g2, 100.0 * g2 / copy);
         cudaFree(ws);
       }
     }
