@@ -11,8 +11,13 @@
 //
 // This file is pass 1: f16 queries, 4- or 8-bit keys with groups of 64, contiguous caches, D = 256
 // or 512, at most 16 query rows per KV head (GQA ratio x Lq), no mask. S is f32
-// [B * Hkv][N][RS], RS = 8 for up to 8 rows (one n-tile), else 16 (rows beyond the group's are 0). Nothing in attention() calls it yet; the
-// tests hold it to the host's dot products and bench/cuda_logits_bench times it.
+// [B * Hkv][N][RS], RS = 8 for up to 8 rows (one n-tile), else 16 (rows beyond the group's are 0).
+// Nothing in attention() calls it; the tests hold it to the host's dot products and
+// qsdpa_logits_bench (tools/experiments) times it.
+//
+// Status (runs 109-110, H100, docs/PERF.md): measured and dropped. Pass 1 alone takes 30-35 us for
+// the D = 512 4-bit bench shape (45 % of copy) at every tiles-per-warp setting, and both passes
+// 98 us against the fused kernel's 55; it stays as a tested study.
 //
 // Per warp and 32-token tile: tokens on the mma's M (two m-tiles), the 16 rows on N (two n-tiles),
 // head dims on K. A lane (g, c) loads, for each group of 64 dims, 8 bytes (4-bit) or 16 bytes

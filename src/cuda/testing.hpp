@@ -93,7 +93,7 @@ bool set_rows_on_m(bool on);
 Status read_through_l2(const void* p, size_t bytes, uint32_t* sum, void* stream);
 
 // An experiment toward a two-pass path for D = 256 and 512 (logits_qk.cu; attention() does not
-// use it): the logits S[bh][t][r] = scale Σ_d q_{r,d} k̂_{t,d} of the (at most 16) query rows r of
+// use it; measured slower than the fused kernel, docs/PERF.md runs 109-110): the logits S[bh][t][r] = scale Σ_d q_{r,d} k̂_{t,d} of the (at most 16) query rows r of
 // each KV head's group (row r: query head h * (Hq / Hkv) + r / Lq, position r % Lq) against every
 // token t of a contiguous MLX-layout key cache: f16 q [B, Hq, Lq, D], keys packed 4- or 8-bit
 // [B, Hkv, N, D * bits / 32] with f16 scales and biases [B, Hkv, N, D / 64] (groups of 64), S f32
