@@ -1,6 +1,6 @@
-// The two-pass experiment's first pass (src/cuda/logits_qk.cu) against the host's dot products:
-// S = scale q·k̂ for every query row of a KV head's group and every token, k̂ = s n + z from the
-// packed MLX words.
+// The two-pass study (src/cuda/logits_qk.cu, pv_slices.cu): the first pass against the host's dot
+// products (S = scale q·k̂ for every query row of a KV head's group and every token, k̂ = s n + z
+// from the packed MLX words), both passes against the reference attention, and what pass 1 refuses.
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -20,7 +20,8 @@ struct Case {
 
 void run_case(const Case& cs, uint32_t seed) {
   SCOPED_TRACE(::testing::Message() << "B=" << cs.B << " Hq=" << cs.Hq << " Hkv=" << cs.Hkv << " Lq=" << cs.Lq
-                                    << " N=" << cs.N << " D=" << cs.D << " bits=" << cs.bits);
+                                    << " N=" << cs.N << " D=" << cs.D << " bits=" << cs.bits
+                                    << " tiles_per_warp=" << cs.tiles_per_warp);
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
   const int rep = cs.Hq / cs.Hkv, R = rep * cs.Lq, NG = cs.D / 64, WPR = cs.D * cs.bits / 32;
