@@ -48,6 +48,7 @@ __global__ void __launch_bounds__(128, 4) read_kernel(const uint4* __restrict__ 
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x >> 5);
   const int64_t w0 = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   uint32_t acc = 0;
+#pragma unroll 1  // one tile at a time in every order (what differs is the order inside a tile)
   for (int64_t tile = w0; tile < tiles; tile += warps) {
     const char* base = reinterpret_cast<const char*>(buf) + tile * 32 * ROW;
     if constexpr (ORDER == kContiguous) {
