@@ -93,11 +93,13 @@ bool set_rows_on_m(bool on);
 Status read_through_l2(const void* p, size_t bytes, uint32_t* sum, void* stream);
 
 // An experiment toward a two-pass path for D = 256 and 512 (logits_qk.cu; attention() does not
-// use it; measured slower than the fused kernel, docs/PERF.md runs 109-110): the logits S[bh][t][r] = scale Σ_d q_{r,d} k̂_{t,d} of the (at most 16) query rows r of
-// each KV head's group (row r: query head h * (Hq / Hkv) + r / Lq, position r % Lq) against every
-// token t of a contiguous MLX-layout key cache: f16 q [B, Hq, Lq, D], keys packed 4- or 8-bit
+// use it; measured slower than the fused kernel, docs/PERF.md runs 109-110): the logits
+// S[bh][t][r] = scale Σ_d q_{r,d} k̂_{t,d} of the (at most 16) query rows r of each KV head's
+// group (row r: query head h * (Hq / Hkv) + r / Lq, position r % Lq) against every token t of a
+// contiguous MLX-layout key cache: f16 q [B, Hq, Lq, D], keys packed 4- or 8-bit
 // [B, Hkv, N, D * bits / 32] with f16 scales and biases [B, Hkv, N, D / 64] (groups of 64), S f32
-// [B * Hkv][N][RS] with RS = 8 for at most 8 rows, else 16 (rows past the group's 0). Asynchronous on `stream` (a cudaStream_t).
+// [B * Hkv][N][RS] with RS = 8 for at most 8 rows, else 16 (rows past the group's 0).
+// Asynchronous on `stream` (a cudaStream_t).
 struct LogitsQK {
   const void* q = nullptr;
   const void* k = nullptr;
@@ -111,8 +113,9 @@ struct LogitsQK {
 Status logits_qk(const LogitsQK& p, void* stream);
 // The experiment's two passes (pv_slices.cu): logits_qk into the workspace, then per split of the
 // tokens and 128-dim slice the softmax-weighted values, as wide as the keys (v packed [B, Hkv, N,
-// D * bits / 32], f16 scales and biases as the keys'), then the splits merged into out (f16 [B, Hq, Lq, D]). No mask,
-// sinks or window; `splits` token ranges; the workspace holds two_pass_workspace_bytes(p, splits).
+// D * bits / 32], f16 scales and biases as the keys'), then the splits merged into out (f16
+// [B, Hq, Lq, D]). The SPEC's causal rule for Lq > 1; no mask, sinks or window; `splits` token
+// ranges; the workspace holds two_pass_workspace_bytes(p, splits).
 size_t two_pass_workspace_bytes(const LogitsQK& p, int splits);
 Status two_pass_attention(const LogitsQK& p, const void* v, const void* v_scales, const void* v_biases, void* out,
                           void* workspace, int splits, void* stream);
