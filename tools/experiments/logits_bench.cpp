@@ -18,17 +18,9 @@
 
 #include "cuda/testing.hpp"
 #include "exec.hpp"
+#include "experiments/cuda_check.hpp"
 
 namespace {
-
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    const cudaError_t e_ = (x);                                                            \
-    if (e_ != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));                       \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
 
 float median(std::vector<float> v) {
   std::sort(v.begin(), v.end());

@@ -25,17 +25,9 @@
 #include <vector>
 
 #include "exec.hpp"
+#include "experiments/cuda_check.hpp"
 
 namespace {
-
-#define CK(x)                                                                \
-  do {                                                                       \
-    const cudaError_t e_ = (x);                                              \
-    if (e_ != cudaSuccess) {                                                 \
-      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));         \
-      std::exit(1);                                                          \
-    }                                                                        \
-  } while (0)
 
 enum Order { kContiguous, kColumns, kColumnsAll, kRows4 };
 const char* const kOrderName[] = {"contiguous", "columns", "columns-all", "rows4"};
