@@ -1,8 +1,8 @@
 // Times the two-pass experiment (src/cuda/logits_qk.cu: the logits of all query rows of a KV head
 // against every key, into f32; pv_slices.cu: the values per 128-dim slice and the merge) on the
-// wide-head shapes of `qsdpa bench` (4- and 8-bit): pass 1 alone (1, 2, 4 and 8 tiles per warp), and both passes
-// with 16 to 64 splits,
-// beside the device-to-device copy bandwidth of the same run (measured as `qsdpa bench` does).
+// wide-head shapes of `qsdpa bench` (4- and 8-bit): pass 1 alone (1, 2, 4 and 8 tiles per warp),
+// and both passes with 16 to 64 splits, beside the device-to-device copy bandwidth of the same run
+// (measured as `qsdpa bench` does).
 // Inputs are random words and scales, rotated over copies that read at least 5x the L2 per
 // rotation; CUDA events, median of 100 calls after 10 warm-up calls. Usage: qsdpa_logits_bench [D bits]
 // (one shape only, e.g. under a profiler).
@@ -21,11 +21,6 @@
 #include "experiments/cuda_check.hpp"
 
 namespace {
-
-float median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 struct Shape {
   int B, Hq, Hkv, N, D, bits;
@@ -51,26 +46,14 @@ int main(int argc, char** argv) {
   std::printf("logits_qk (first pass of the two-pass experiment) on %s; copy %.1f GB/s (read + write); L2 %d MiB\n",
               prop.name, copy, l2 >> 20);
   std::mt19937 rng(1);
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
   // median time of 100 calls after 10 (us); call(c) runs on copy c
-  const auto time_us = [&](int copies, auto&& call) {
-    std::vector<float> ms;
-    for (int i = 0; i < 110; ++i) {
-      CK(cudaEventRecord(e0));
-      const qsdpa::Status st = call(i % copies);
-      CK(cudaEventRecord(e1));
-      if (!st.ok()) {
+  const auto time_us = [](int copies, auto&& call) {
+    return qsdpa_experiments::median_us(10, 100, [&](int i) {
+      if (const qsdpa::Status st = call(i % copies); !st.ok()) {
         std::fprintf(stderr, "call: %s\n", st.message.c_str());
         std::exit(1);
       }
-      CK(cudaEventSynchronize(e1));
-      float t = 0;
-      CK(cudaEventElapsedTime(&t, e0, e1));
-      if (i >= 10) ms.push_back(t);
-    }
-    return double(median(ms)) * 1e3;
+    });
   };
   for (const Shape sh : {Shape{4, 16, 1, 32768, 512, 4}, Shape{4, 16, 1, 32768, 512, 8}, Shape{4, 16, 2, 32768, 256, 4},
                          Shape{4, 16, 2, 32768, 256, 8}}) {
@@ -146,6 +129,5 @@ int main(int argc, char** argv) {
       if (b) cudaFree(b);
     cudaFree(q), cudaFree(sbuf), cudaFree(out);
   }
-  cudaEventDestroy(e0), cudaEventDestroy(e1);
   return 0;
 }

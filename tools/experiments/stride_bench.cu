@@ -121,33 +121,20 @@ int main() {
   }
   std::printf("read orders on %s (%d SMs, L2 %d MiB); copy %.1f GB/s; buffer %.0f MB\n", prop.name, sms, l2 >> 20, copy,
               double(bytes) / 1e6);
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
   const Launch table[2][4] = {{launch<128, kContiguous>, launch<128, kColumns>, launch<128, kColumnsAll>, launch<128, kRows4>},
                               {launch<256, kContiguous>, launch<256, kColumns>, launch<256, kColumnsAll>, launch<256, kRows4>}};
   for (int w = 0; w < 2; ++w) {
     const int row = w ? 256 : 128;
     const int64_t tiles = int64_t(bytes / (32 * size_t(row)));
     for (int o = 0; o < 4; ++o) {
-      std::vector<float> ms;
-      for (int i = 0; i < 35; ++i) {
-        CK(cudaEventRecord(e0));
-        table[w][o](static_cast<const uint4*>(buf), tiles, sink, 4 * sms);
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
-        float t = 0;
-        CK(cudaEventElapsedTime(&t, e0, e1));
-        if (i >= 5) ms.push_back(t);
-      }
+      const double us =
+          qsdpa_experiments::median_us(5, 30, [&](int) { table[w][o](static_cast<const uint4*>(buf), tiles, sink, 4 * sms); });
       CK(cudaGetLastError());
-      std::sort(ms.begin(), ms.end());
-      const double us = double(ms[ms.size() / 2]) * 1e3, gbps = double(bytes) / (us * 1e-6) / 1e9;
+      const double gbps = double(bytes) / (us * 1e-6) / 1e9;
       std::printf("rows of %3d bytes, %-11s: %8.1f us, %7.1f GB/s (%5.1f %% of copy)\n", row, kOrderName[o], us, gbps,
                   100.0 * gbps / copy);
     }
   }
-  cudaEventDestroy(e0), cudaEventDestroy(e1);
   cudaFree(buf), cudaFree(sink);
   return 0;
 }
