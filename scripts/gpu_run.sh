@@ -140,6 +140,15 @@ elif command -v compute-sanitizer >/dev/null && [ -x "$bin" ]; then
       --gtest_filter='CudaQuantize.StreamAndHostPointerError' >>"$san" 2>&1
     say "compute-sanitizer memcheck (quantize): rc $? in $(($(elapsed) - t0)) s"
   fi
+  lbin="$build/tests/test_cuda_logits"
+  if [ -x "$lbin" ]; then  # the two-pass study (pass 2 merges its warps in shared memory)
+    t0=$(elapsed)
+    echo "===== racecheck two-pass =====" >>"$san"
+    timeout "$(limit 40 30)" compute-sanitizer --tool racecheck --error-exitcode 17 "$lbin" \
+      --gtest_filter='CudaLogitsQK.TwoPassAttentionMatchesReference' >>"$san" 2>&1
+    say "compute-sanitizer racecheck (two-pass study): rc $? in $(($(elapsed) - t0)) s," \
+      "$(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$san" | tail -1)"
+  fi
   sbin="$build/tests/test_cuda_serving"
   if [ -x "$sbin" ]; then  # the serving layouts: paged, strided, lengths (both kernels), append
     t0=$(elapsed)
