@@ -3,7 +3,7 @@
 // read a 32-token tile of 256-byte rows (D = 512, 4-bit) a 32-byte column at a time: one load
 // instruction touches 8 rows, and a row's 8 columns arrive over the whole tile. The D = 128 kernel,
 // which reaches ~90 % of the copy, reads 64-byte rows. This program reads one large buffer
-// (several times the L2) in four orders, with the same grid (4 blocks of 4 warps per SM, a grid-
+// (several times the L2) in five orders, with the same grid (4 blocks of 4 warps per SM, a grid-
 // stride loop over 32-row tiles) and the same bytes, and prints GB/s and the fraction of the
 // device-to-device copy bandwidth measured in the same run:
 //   contiguous  each warp reads its tile as 16 bytes per lane, consecutive lanes consecutive bytes;
@@ -12,7 +12,10 @@
 //               sums, as in a kernel that consumes each column before the next);
 //   columns-all the same addresses, every column's loads issued before any sum (the most in flight);
 //   rows4       a lane reads 16 bytes of row g + 8 i at column c (c = 0..3, 64-byte strips): the D = 128
-//               kernel's order on 256-byte rows.
+//               kernel's order on 256-byte rows;
+//   warp-strips the fused d-split kernel's copy order: the 4 warps of a block read the same 32-row
+//               tile, warp w the strip [w ROW / 4, (w + 1) ROW / 4) of every row, 16 bytes per lane
+//               (a block's tiles are 4x apart as often as a warp's tiles are in the other orders).
 // Row widths 256 (D = 512 4-bit) and 128 bytes (D = 256 4-bit). Events, median of 30 calls after 5.
 // Usage: qsdpa_stride_bench.
 #include <cuda_runtime.h>
@@ -29,8 +32,9 @@
 
 namespace {
 
-enum Order { kContiguous, kColumns, kColumnsAll, kRows4 };
-const char* const kOrderName[] = {"contiguous", "columns", "columns-all", "rows4"};
+enum Order { kContiguous, kColumns, kColumnsAll, kRows4, kWarpStrips };
+const char* const kOrderName[] = {"contiguous", "columns", "columns-all", "rows4", "warp-strips"};
+constexpr int kOrders = 5;
 
 // ROW: bytes per row (128 or 256). A tile is 32 rows. Each thread folds what it reads into one word.
 template <int ROW, int ORDER>
@@ -40,6 +44,22 @@ __global__ void __launch_bounds__(128, 4) read_kernel(const uint4* __restrict__ 
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x >> 5);
   const int64_t w0 = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   uint32_t acc = 0;
+  if constexpr (ORDER == kWarpStrips) {
+    constexpr int SB = ROW / 4;       // bytes of a warp's strip of a row
+    constexpr int RPI = 512 / SB;     // rows per load instruction (32 lanes x 16 bytes)
+    const int w = threadIdx.x >> 5, r0 = lane / (SB / 16), col = (lane % (SB / 16)) * 16;
+#pragma unroll 1
+    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      const char* base = reinterpret_cast<const char*>(buf) + tile * 32 * ROW + w * SB + col;
+#pragma unroll
+      for (int i = 0; i < 32 / RPI; ++i) {
+        const uint4 v = *reinterpret_cast<const uint4*>(base + (r0 + RPI * i) * ROW);
+        acc ^= v.x + v.y + v.z + v.w;
+      }
+    }
+    if (acc == 0x9e3779b9u) sink[0] = acc;
+    return;
+  }
 #pragma unroll 1  // one tile at a time in every order (what differs is the order inside a tile)
   for (int64_t tile = w0; tile < tiles; tile += warps) {
     const char* base = reinterpret_cast<const char*>(buf) + tile * 32 * ROW;
@@ -121,12 +141,13 @@ int main() {
   }
   std::printf("read orders on %s (%d SMs, L2 %d MiB); copy %.1f GB/s; buffer %.0f MB\n", prop.name, sms, l2 >> 20, copy,
               double(bytes) / 1e6);
-  const Launch table[2][4] = {{launch<128, kContiguous>, launch<128, kColumns>, launch<128, kColumnsAll>, launch<128, kRows4>},
-                              {launch<256, kContiguous>, launch<256, kColumns>, launch<256, kColumnsAll>, launch<256, kRows4>}};
+  const Launch table[2][kOrders] = {
+      {launch<128, kContiguous>, launch<128, kColumns>, launch<128, kColumnsAll>, launch<128, kRows4>, launch<128, kWarpStrips>},
+      {launch<256, kContiguous>, launch<256, kColumns>, launch<256, kColumnsAll>, launch<256, kRows4>, launch<256, kWarpStrips>}};
   for (int w = 0; w < 2; ++w) {
     const int row = w ? 256 : 128;
     const int64_t tiles = int64_t(bytes / (32 * size_t(row)));
-    for (int o = 0; o < 4; ++o) {
+    for (int o = 0; o < kOrders; ++o) {
       const double us =
           qsdpa_experiments::median_us(5, 30, [&](int) { table[w][o](static_cast<const uint4*>(buf), tiles, sink, 4 * sms); });
       CK(cudaGetLastError());
