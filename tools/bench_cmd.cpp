@@ -72,6 +72,7 @@ Status bench_one(const BenchOptions& o, Backend backend, const BenchShape& bs, d
   std::unique_ptr<Runner> runner;
   if (Status st = Runner::create(pr, backend, o.threads, rotation, &runner); !st) return st;
   runner->set_pdl(o.pdl);
+  runner->set_deterministic(o.deterministic);
 
   TimeOptions to;
   to.iters = o.iters;
@@ -206,6 +207,7 @@ Status bench_command(const BenchOptions& o) {
   for (size_t i = 0; i < shapes.size(); ++i) {
     const BenchShape& bs = shapes[i];
     json r = base_record(device, date, backend, bs.s, threads, o.pdl);
+    if (o.deterministic) r["deterministic"] = true;
     if (!table) std::cerr << "[" << i + 1 << "/" << shapes.size() << "] " << bs.s.describe() << std::flush;
     const Status st = bench_one(o, backend, bs, copy_gbps, r);
     if (!st) {

@@ -24,6 +24,7 @@ struct BenchOptions {
   Shape shape;
   bool graph = false;  // also time `shape` as CUDA-graph replay
   bool pdl = true;     // AttentionParams::pdl of the timed calls (--no-pdl: false)
+  bool deterministic = false;  // AttentionParams::deterministic of the timed calls (--deterministic)
   bool cold_l2 = false;  // before each call, read twice the last-level cache of other data (--cold-l2)
   int threads = 0;
   int iters = 0;

@@ -310,6 +310,10 @@ void Runner::set_pdl(bool on) {
   for (auto& p : params_) p.pdl = on;
 }
 
+void Runner::set_deterministic(bool on) {
+  for (auto& p : params_) p.deterministic = on;
+}
+
 Runner::Plan Runner::plan() const {
   Plan pl;
 #ifdef QSDPA_WITH_CUDA

@@ -53,6 +53,7 @@ class Runner {
   Status time_graph(int warmup, int iters, int chain, double* median_us);
   // AttentionParams::pdl of every copy's call (default true).
   void set_pdl(bool on);
+  void set_deterministic(bool on);  // AttentionParams::deterministic of every call
   // CUDA only: how the library plans copy 0's call on the current device (the tensor-core kernel
   // or the generic one, the tile pool's block size, the splits, the merge), as the record's
   // "plan"; empty elsewhere.

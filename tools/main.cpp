@@ -146,6 +146,8 @@ int real_main(int argc, char** argv) {
   bool no_torch = false, no_pdl = false;
   bench->add_flag("--no-torch", no_torch, "skip the PyTorch comparison");
   bench->add_flag("--no-pdl", no_pdl, "cuda: launch without programmatic dependent launch (AttentionParams::pdl false)");
+  bench->add_flag("--deterministic", bo.deterministic,
+                  "the same output bits on every call (AttentionParams::deterministic; cuda: no tile pool)");
   bench->add_flag("--cold-l2", bo.cold_l2,
                   "before each call (outside its timing), read twice the GPU's L2 (the CPU's L3) of other data, "
                   "as the kernel before an attention call in a model would: every call starts with the cache "

@@ -220,6 +220,15 @@ struct AttentionParams {
   // order of the stream is kept, only the launch latency between kernels is hidden. Kernels
   // captured into a CUDA graph keep it as a programmatic edge. false: ordinary launches.
   bool pdl = true;
+  // The same call (inputs, device, settings, num_threads on the CPU) gives the same output bits
+  // every time. The host backends always do. On CUDA the default plan of the large decode calls
+  // (contiguous 4- and 2-bit caches, D = 128) hands a block's 32-token tiles to its warps in the order
+  // they become free (the tile pool), so which warp adds which tile into its softmax sums, and
+  // with it the last bits of the output, can change from call to call (always within SPEC's
+  // bounds). true: the CUDA planner never takes the pool; every tile's place in the sums is fixed
+  // by the plan. Its cost where the pool applies, last measured on an H200 (run 48, docs/PERF.md):
+  // 2.4 % on B=8 N=32768 4-bit, 5.5 % on B=1 N=131072 4-bit.
+  bool deterministic = false;
 };
 Status attention(const AttentionParams& p);
 

@@ -298,6 +298,7 @@ struct Plan {
 AttnArgs make_args(const AttentionParams& p) {
   AttnArgs a{};
   a.rowsm = g_rows_on_m.load(std::memory_order_relaxed) ? 1 : 0;
+  a.deterministic = p.deterministic ? 1 : 0;
   a.q = p.q;
   a.k_packed = p.k.packed;
   a.k_scales = p.k.scales;
@@ -382,11 +383,12 @@ bool current_device_facts(DeviceFacts* f) {
 // with 4-warp blocks, several per multiprocessor, the blocks an SM received later ran slower than
 // the first ones (H200 traces, 2026-12-02: a block's warps ended 1.6-1.8 us apart, the blocks of a
 // wave 20 us apart, B=32 N=4096 10 us apart), and the wave ended in a tail; warps of one block
-// that take tiles from one counter end together.
+// that take tiles from one counter end together. Never for a deterministic call (the order in
+// which the warps take the tiles depends on timing), whatever the mode, the test hook's included.
 int pool_wanted(const AttnArgs& a, int64_t units, int64_t span, int sms) {
 #if QSDPA_HAVE_MMA
   const int mode = g_pool_mode.load(std::memory_order_relaxed);
-  if (mode == 0 || !cuda::mma_pool_fits(a)) return 0;
+  if (mode == 0 || a.deterministic || !cuda::mma_pool_fits(a)) return 0;
   if (mode >= 2) return mode - 1;
   if (a.k_bits == 2 && (!g_pool_2bit.load(std::memory_order_relaxed) || units * kPool2BitSmsPerRowTile < sms))
     return 0;

@@ -148,6 +148,8 @@ struct AttnArgs {
   // 1: the calls that the D = 512 kernel with the rows on M fits run on it (mma_rowsm.cuh; set by
   // make_args from the process's setting: QSDPA_MMA_ROWSM, QSDPA_ROWSM, cuda::set_rows_on_m).
   int rowsm;
+  // (host only) 1: AttentionParams::deterministic: the planner takes no tile pool (pool_wanted).
+  int deterministic;
 #if QSDPA_MMA_TRACE
   // (trace builds, -DQSDPA_MMA_TRACE=1: backend.cu) per block of the tensor-core kernel,
   // kTraceBlockWords u64 from index 4 + kTraceBlockWords (blockIdx.y * gridDim.x + blockIdx.x):

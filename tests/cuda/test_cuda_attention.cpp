@@ -361,6 +361,52 @@ TEST(CudaAttention, ClusterMergeAndCombineKernel) {
 // warps, cuda::set_pool_cluster) in clusters; each case is checked to take the pool meant (where
 // the device has it) and the merge meant, and held to the reference. Then the default choice: the
 // pool on the large shapes only, blocks of 8 warps where the row tiles are up to twice the SMs.
+// AttentionParams::deterministic: the planner takes no tile pool, even where a test forces it
+// (cuda::set_block_pool(2)), and four calls on the same inputs give the same output bits, each
+// within the reference's bound. The same call without the flag plans the pool on a device that
+// has its kernels (sm_90a), so the first check sees the flag's effect there.
+TEST(CudaAttention, DeterministicCallsRepeatTheirBits) {
+  QSDPA_REQUIRE_CUDA();
+  const bool want = device_takes_sm90a_kernels();
+  struct Restore {
+    int mode = cuda::set_block_pool(2);
+    ~Restore() { cuda::set_block_pool(mode); }
+  } restore;
+  Case c;
+  c.dtype = DType::f16, c.kf = c.vf = {4, 64}, c.D = 128;
+  c.B = 2, c.Hq = 16, c.Hkv = 4, c.N = 20000, c.sinks = true, c.seed = 4242;
+  test::Problem h(c);
+  test::DeviceProblem d(h);
+  const test::ReferenceCheck check(h.params(Backend::reference));
+  AttentionParams p = d.params();
+  EXPECT_EQ(cuda::planned_pool(p), want ? 1 : 0);
+  p.deterministic = true;
+  EXPECT_EQ(cuda::planned_pool(p), 0);
+  std::vector<uint8_t> first;
+  for (int call = 0; call < 4; ++call) {
+    d.poison();
+    const Status s = attention(p);
+    ASSERT_TRUE(s.ok()) << s.message;
+    ASSERT_EQ(s.backend, Backend::cuda);
+    ASSERT_EQ(d.fetch(), "");
+    ASSERT_EQ(check(h.out.data()), "") << "call " << call;
+    if (call == 0) first = h.out;
+    else EXPECT_TRUE(h.out == first) << "call " << call << ": the output bits differ from call 0's";
+  }
+  // (informational: without the flag, how many of 8 calls on the pool differ from the first one)
+  p.deterministic = false;
+  int differ = 0;
+  for (int call = 0; call < 8; ++call) {
+    ASSERT_TRUE(attention(p).ok());
+    ASSERT_EQ(d.fetch(), "");
+    ASSERT_EQ(check(h.out.data()), "") << "without the flag, call " << call;
+    if (call == 0) first = h.out;
+    else differ += h.out != first;
+  }
+  std::printf("[   info   ] without deterministic (pool %d): %d of 7 calls differ from the first in their bits\n",
+              cuda::planned_pool(p), differ);
+}
+
 TEST(CudaAttention, TilePoolBlocks) {
   QSDPA_REQUIRE_CUDA();
   const bool want = device_takes_sm90a_kernels();
