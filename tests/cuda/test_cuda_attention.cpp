@@ -4,6 +4,7 @@
 // and a small representative set for compute-sanitizer (CudaSanitize.*).
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
