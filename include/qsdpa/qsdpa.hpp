@@ -226,8 +226,9 @@ struct AttentionParams {
   // they become free (the tile pool), so which warp adds which tile into its softmax sums, and
   // with it the last bits of the output, can change from call to call (always within SPEC's
   // bounds). true: the CUDA planner never takes the pool; every tile's place in the sums is fixed
-  // by the plan. Its cost where the pool applies, last measured on an H200 (run 48, docs/PERF.md):
-  // 2.4 % on B=8 N=32768 4-bit, 5.5 % on B=1 N=131072 4-bit.
+  // by the plan. Its cost where the pool applies (docs/PERF.md, run 114, H100): B=8 N=32768 4-bit
+  // 113.9 -> 114.8 us, B=1 N=131072 4-bit 63.9 -> 65.2 us. (Run 114 also saw 7 of 7 calls on the
+  // pool differ from the first in their bits.)
   bool deterministic = false;
 };
 Status attention(const AttentionParams& p);
