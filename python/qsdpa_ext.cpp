@@ -368,7 +368,7 @@ std::string attention(InArray q, InArray k_packed, InArray k_scales, InArray k_b
                       std::optional<InArray> sinks, std::optional<InArray> mask, int k_bits,
                       int k_group_size, int v_bits, int v_group_size, float scale, int64_t window,
                       const std::string& backend, const std::string& precision, int num_threads,
-                      uintptr_t stream, bool u16_is_bf16, nb::object workspace_alloc) {
+                      uintptr_t stream, bool u16_is_bf16, nb::object workspace_alloc, bool deterministic) {
   const qsdpa::Backend asked = parse_backend(backend);
   if (q.ndim() != 4)
     throw_value("q has shape " + shape_str(shape_of(q)) + "; expected 4 dimensions [B, Hq, Lq, D]");
@@ -392,6 +392,7 @@ std::string attention(InArray q, InArray k_packed, InArray k_scales, InArray k_b
   p.backend = asked;
   p.precision = parse_precision(precision);
   p.num_threads = num_threads;
+  p.deterministic = deterministic;
   precheck(qsdpa::attention(p), "q is null");
 
   Place place;
@@ -649,9 +650,11 @@ NB_MODULE(_ext, m) {
         nb::arg("k_group_size"), nb::arg("v_bits"), nb::arg("v_group_size"), nb::arg("scale"),
         nb::arg("window"), nb::arg("backend"), nb::arg("precision"), nb::arg("num_threads"),
         nb::arg("stream"), nb::arg("u16_is_bf16"), nb::arg("workspace_alloc").none() = nb::none(),
+        nb::arg("deterministic") = false,
         "Attention of q [B, Hq, Lq, D] over the quantized cache [B, Hkv, N, ...] into the "
         "preallocated out [B, Hq, Lq, D]. workspace_alloc(nbytes) -> array, when given, "
-        "provides the CUDA backend's workspace. Returns the backend that ran.");
+        "provides the CUDA backend's workspace; deterministic: the same output bits on every "
+        "call (AttentionParams::deterministic). Returns the backend that ran.");
   m.def(
       "dtype_name",
       [](InArray a) { return dtype_str(a.dtype()); },

@@ -520,7 +520,7 @@ def attention(q: Any, k_packed: Any, k_scales: Any, k_biases: Any, v_packed: Any
               k_group_size: Optional[int] = None, v_group_size: Optional[int] = None,
               scale: Optional[float] = None, sinks: Any = None, mask: Any = None,
               window: int = 0, backend: str = "auto", precision: str = "exact",
-              num_threads: int = 0) -> Any:
+              num_threads: int = 0, deterministic: bool = False) -> Any:
     """Scaled dot-product attention of ``q`` over a quantized K/V cache (the MLX affine layout,
     as ``quantize`` / ``mx.quantize`` write it), always causal: query row ``i`` sits at position
     ``N - Lq + i`` and sees keys ``t <= N - Lq + i``.
@@ -543,6 +543,11 @@ def attention(q: Any, k_packed: Any, k_scales: Any, k_biases: Any, v_packed: Any
         backend: 'auto' (CUDA for GPU arrays, else CPU), 'cpu', 'reference' or 'cuda'.
         precision: 'exact' (the only mode offered so far).
         num_threads: CPU threads; 0 means all hardware threads.
+        deterministic: the same output bits on every call with the same inputs. The host
+            backends always give them (at a fixed ``num_threads``); on CUDA the default plan of
+            the large 4- and 2-bit D = 128 calls lets a block's warps take the cache's tiles as
+            they come free, which changes the output's last bits from call to call (within the
+            accuracy bound); True plans without that, at ~1-2 % of speed.
 
     Returns:
         ``out``: ``[B, Hq, Lq, D]``, dtype T, same framework and device as ``q``. A row that sees
@@ -573,5 +578,5 @@ def attention(q: Any, k_packed: Any, k_scales: Any, k_biases: Any, v_packed: Any
              k_group_size=kg, v_bits=vb, v_group_size=vg,
              scale=0.0 if scale is None else float(scale), window=int(window), backend=backend,
              precision=precision, num_threads=int(num_threads),
-             workspace_alloc=kind.workspace_alloc())
+             workspace_alloc=kind.workspace_alloc(), deterministic=bool(deterministic))
     return kind.result(out)

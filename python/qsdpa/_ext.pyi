@@ -21,7 +21,8 @@ def attention(q: Any, k_packed: Any, k_scales: Any, k_biases: Any, v_packed: Any
               v_biases: Any, out: Any, sinks: Optional[Any], mask: Optional[Any], k_bits: int,
               k_group_size: int, v_bits: int, v_group_size: int, scale: float, window: int,
               backend: str, precision: str, num_threads: int, stream: int, u16_is_bf16: bool,
-              workspace_alloc: Optional[Callable[[int], Any]] = None) -> str:
+              workspace_alloc: Optional[Callable[[int], Any]] = None,
+              deterministic: bool = False) -> str:
     """q [B, Hq, Lq, D], K/V [B, Hkv, N, ...], sinks [Hq], mask [B, Hq, Lq, N] -> out
     [B, Hq, Lq, D]."""
 
