@@ -61,6 +61,19 @@ def test_formats(rng, dtype_name, bits, group):
     run_case(rng, dtype_name, k_fmt=(bits, group))
 
 
+def test_deterministic_flag(rng):
+    """deterministic=True reaches the library (an unknown keyword raises TypeError), and the host
+    backend gives the same bits with it and without it."""
+    dt = np_dtype("float16")
+    q = rng.standard_normal((2, 8, 2, 128)).astype(dt)
+    k = random_cache(rng, 2, 2, 300, 128, dt, 4, 64, qsdpa)
+    v = random_cache(rng, 2, 2, 300, 128, dt, 4, 64, qsdpa)
+    outs = [qsdpa.attention(q, *k, *v, backend=BACKEND, deterministic=d) for d in (True, True, False)]
+    for o in outs[1:]:
+        assert np.array_equal(o.view(np.uint16), outs[0].view(np.uint16))
+    assert_close_rows(outs[0], attention64(q, dequantize64(*k, 4, 64), dequantize64(*v, 4, 64)), "float16")
+
+
 @pytest.mark.parametrize("D", [32, 64, 96, 160, 256, 512])
 def test_head_dims(rng, D):
     run_case(rng, "float16", D=D, k_fmt=(4, 32), N=19)

@@ -145,14 +145,6 @@ def test_cuda_attention(dtype_name, bits, group, Lq):
     assert_close_rows(np_of(out), reference(q, k, v, bits, group, sinks=sinks.numpy()), dtype_name)
 
 
-def test_cpu_deterministic_flag():
-    q, k, v = make_case("float16", "cpu", Lq=2, N=300)
-    outs = [qsdpa.attention(q, *k, *v, backend=BACKEND, deterministic=d) for d in (True, True, False)]
-    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
-    assert torch.equal(outs[0].view(torch.int16), outs[2].view(torch.int16))  # the host is always
-    assert_close_rows(np_of(outs[0]), reference(q, k, v, 4, 64), "float16")
-
-
 @needs_cuda
 def test_cuda_deterministic_calls_repeat_their_bits():
     # a shape whose default plan takes the tile pool on an sm_90a device (B=8 Hkv=8 N=32768)
