@@ -222,9 +222,9 @@ struct AttentionParams {
   bool pdl = true;
   // The same call (inputs, device, settings, num_threads on the CPU) gives the same output bits
   // every time. The host backends always do. On CUDA the default plan of the large decode calls
-  // (contiguous 4- and 2-bit caches, D = 128) hands a block's 32-token tiles to its warps in the order
-  // they become free (the tile pool), so which warp adds which tile into its softmax sums, and
-  // with it the last bits of the output, can change from call to call (always within SPEC's
+  // (contiguous 4- and 2-bit caches, D = 128) hands a block's 32-token tiles to its warps in the
+  // order they become free (the tile pool), so which warp adds which tile into its softmax sums,
+  // and with it the last bits of the output, can change from call to call (always within SPEC's
   // bounds). true: the CUDA planner never takes the pool; every tile's place in the sums is fixed
   // by the plan. Its cost where the pool applies (docs/PERF.md, run 114, H100): B=8 N=32768 4-bit
   // 113.9 -> 114.8 us, B=1 N=131072 4-bit 63.9 -> 65.2 us. (Run 114 also saw 7 of 7 calls on the
