@@ -8,7 +8,8 @@
 #
 # Everything lands in OUTDIR: summary.txt, bench.json, bench_cold.json (the same sweep with
 # --cold-l2; QSDPA_GPU_COLD=0 skips it), with QSDPA_GPU_SERVING=1 serving.jsonl and
-# cpu.txt, with QSDPA_GPU_EXPERIMENTS=1 stride.txt and logits.txt (tools/experiments), with QSDPA_GPU_NCU=1 ncu.txt, with QSDPA_GPU_NCU_CACHE=1 ncu_cache.txt (D=512 and D=256
+# cpu.txt, with QSDPA_GPU_EXPERIMENTS=1 stride.txt and logits.txt (tools/experiments), with
+# QSDPA_GPU_NCU=1 ncu.txt, with QSDPA_GPU_NCU_CACHE=1 ncu_cache.txt (D=512 and D=256
 # kernel durations with and without ncu's L2 flush), with QSDPA_GPU_NCU_STALLS=1 ncu_stalls.txt (the warp
 # states of the shapes that miss their targets), with QSDPA_GPU_TUNE tune.jsonl, and logs.tgz (build,
 # ctest, sanitizer, bench, nvidia-smi and the other logs, with QSDPA_GPU_NCU_SOURCE=1 also the executed

@@ -57,47 +57,47 @@ __global__ void __launch_bounds__(128, 4) read_kernel(const uint4* __restrict__ 
         acc ^= v.x + v.y + v.z + v.w;
       }
     }
-    if (acc == 0x9e3779b9u) sink[0] = acc;
-    return;
-  }
+  } else {
 #pragma unroll 1  // one tile at a time in every order (what differs is the order inside a tile)
-  for (int64_t tile = w0; tile < tiles; tile += warps) {
-    const char* base = reinterpret_cast<const char*>(buf) + tile * 32 * ROW;
-    if constexpr (ORDER == kContiguous) {
-      // 32 * ROW bytes: ROW / 16 loads of 512 bytes per warp
+    for (int64_t tile = w0; tile < tiles; tile += warps) {
+      const char* base = reinterpret_cast<const char*>(buf) + tile * 32 * ROW;
+      if constexpr (ORDER == kContiguous) {
+        // 32 * ROW bytes: ROW / 16 loads of 512 bytes per warp
 #pragma unroll
-      for (int i = 0; i < ROW / 16; ++i) {
-        const uint4 v = *reinterpret_cast<const uint4*>(base + (i * 32 + lane) * 16);
-        acc ^= v.x + v.y + v.z + v.w;
-      }
-    } else if constexpr (ORDER == kColumns) {
-#pragma unroll 1
-      for (int p = 0; p < COLS; ++p) {
-        uint2 v[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) v[i] = *reinterpret_cast<const uint2*>(base + (g + 8 * i) * ROW + p * 32 + c * 8);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc = acc * 3u + (v[i].x ^ v[i].y);
-      }
-    } else if constexpr (ORDER == kColumnsAll) {
-      uint2 v[COLS][4];
-#pragma unroll
-      for (int p = 0; p < COLS; ++p)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) v[p][i] = *reinterpret_cast<const uint2*>(base + (g + 8 * i) * ROW + p * 32 + c * 8);
-#pragma unroll
-      for (int p = 0; p < COLS; ++p)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc = acc * 3u + (v[p][i].x ^ v[p][i].y);
-    } else {
-      // 64-byte strips: lane (g, c) reads 16 bytes at strip s, column c of row g + 8 i
-#pragma unroll
-      for (int s = 0; s < ROW / 64; ++s)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const uint4 v = *reinterpret_cast<const uint4*>(base + (g + 8 * i) * ROW + s * 64 + c * 16);
+        for (int i = 0; i < ROW / 16; ++i) {
+          const uint4 v = *reinterpret_cast<const uint4*>(base + (i * 32 + lane) * 16);
           acc ^= v.x + v.y + v.z + v.w;
         }
+      } else if constexpr (ORDER == kColumns) {
+#pragma unroll 1
+        for (int p = 0; p < COLS; ++p) {
+          uint2 v[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) v[i] = *reinterpret_cast<const uint2*>(base + (g + 8 * i) * ROW + p * 32 + c * 8);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc = acc * 3u + (v[i].x ^ v[i].y);
+        }
+      } else if constexpr (ORDER == kColumnsAll) {
+        uint2 v[COLS][4];
+#pragma unroll
+        for (int p = 0; p < COLS; ++p)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) v[p][i] = *reinterpret_cast<const uint2*>(base + (g + 8 * i) * ROW + p * 32 + c * 8);
+#pragma unroll
+        for (int p = 0; p < COLS; ++p)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc = acc * 3u + (v[p][i].x ^ v[p][i].y);
+      } else {
+        static_assert(ORDER == kRows4);
+        // 64-byte strips: lane (g, c) reads 16 bytes at strip s, column c of row g + 8 i
+#pragma unroll
+        for (int s = 0; s < ROW / 64; ++s)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const uint4 v = *reinterpret_cast<const uint4*>(base + (g + 8 * i) * ROW + s * 64 + c * 16);
+            acc ^= v.x + v.y + v.z + v.w;
+          }
+      }
     }
   }
   if (acc == 0x9e3779b9u) sink[0] = acc;  // (keeps the loads; practically never stores)
