@@ -72,6 +72,7 @@ mutants=(
   'rowsm-pipe-slot|src/cuda/mma_rowsm.cuh|s/      step_values(sv, xo);/      step_values(sa, xo);/|the rows-on-M kernel'"'"'s pipelined loop (4-bit) takes the values of the tile whose keys it just used (ring slot of tile it + 1, not it)|test_cuda_attention@CudaAttention.HeadDim512RowsOnM|g64'
   'pool-2bit-as-4|src/cuda/mma_dispatch_impl.cuh|s/if (a.k_bits == 2) return d.template operator()<T, 2, 2>();/if (a.k_bits == 2) return d.template operator()<T, 4, 4>();/|the tile pool runs 2-bit caches on its 4-bit kernels|'"$tests_pool"'|g64'
   'pool-2bit-all-sizes|src/cuda/backend.cu|s/units \* kPool2BitSmsPerRowTile < sms/units * kPool2BitSmsPerRowTile < 0/|the planner takes the 2-bit pool for any number of row tiles (B=1 N=131072 too)|test_cuda_attention@CudaAttention.TilePoolBlocks|all'
+  'deterministic-ignored|src/cuda/backend.cu|s/if (mode == 0 .. a.deterministic .. !cuda::mma_pool_fits(a)) return 0;/if (mode == 0 || !cuda::mma_pool_fits(a)) return 0;/|the planner takes the tile pool for a deterministic call (AttentionParams::deterministic ignored)|test_cuda_attention@CudaAttention.DeterministicCallsRepeatTheirBits|all'
   'zeroed-unasked|src/cuda/backend.cu|s/return in_kernel_merge(a, !p.workspace .. p.workspace_zeroed);/return in_kernel_merge(a, true);/|a caller'"'"'s workspace is taken as zero-filled without workspace_zeroed|test_cuda_runtime@'"$tests_rt"'|all'
 )
 # QSDPA_MUTANTS='name name': only these (default: all)
