@@ -8,7 +8,7 @@
 #
 # Everything lands in OUTDIR: summary.txt, bench.json, bench_cold.json (the same sweep with
 # --cold-l2; QSDPA_GPU_COLD=0 skips it), with QSDPA_GPU_SERVING=1 serving.jsonl and
-# cpu.txt, with QSDPA_GPU_EXPERIMENTS=1 stride.txt and logits.txt (tools/experiments), with
+# cpu.txt, with QSDPA_GPU_EXPERIMENTS=1 stride.txt, logits.txt and first_touch.txt (tools/experiments), with
 # QSDPA_GPU_NCU=1 ncu.txt, with QSDPA_GPU_NCU_CACHE=1 ncu_cache.txt (D=512 and D=256
 # kernel durations with and without ncu's L2 flush), with QSDPA_GPU_NCU_STALLS=1 ncu_stalls.txt (the warp
 # states of the shapes that miss their targets), with QSDPA_GPU_TUNE tune.jsonl, and logs.tgz (build,
@@ -214,7 +214,7 @@ fi
 # ---- experiments (QSDPA_GPU_EXPERIMENTS=1): the read orders of wide key rows (stride.txt) and the
 # two-pass study (logits.txt), both in tools/experiments; docs/PERF.md after runs 109-110 -------
 if [ "${QSDPA_GPU_EXPERIMENTS:-0}" = 1 ]; then
-  for x in stride logits; do
+  for x in stride logits first_touch; do
     if [ -x "$build/tools/qsdpa_${x}_bench" ]; then
       timeout "$(limit 60 30)" "$build/tools/qsdpa_${x}_bench" >"$out/$x.txt" 2>&1
       say "qsdpa_${x}_bench: rc $?"

@@ -1,0 +1,166 @@
+// What does a kernel's first load of a cache page cost? The traces of the attention kernel (docs/PERF.md,
+// runs 69-70 and 78) put its first tile 2.6-3.0 us after a block's start even where the memory is
+// idle (B=1 N=4096: 2.4 MB requested by the whole grid), against a DRAM latency of well under a
+// microsecond. One candidate is address translation: every call reads pages that the previous call
+// did not touch (the bench rotates its inputs over a few hundred MB; a model's layers each have
+// their own cache, many GB in all), so the first load of a page may wait for a page-table walk.
+// This program measures it. One buffer of up to 16 GB, zero-filled; for each span S:
+//   1. a "flush" kernel reads the first half of every 2 MB page of [0, S), in ascending order (the
+//      pages at the start of the span were touched the longest ago; the L2 keeps the last ~50 MB);
+//   2. a probe kernel, one block of one warp per SM, lane 0 alone, chained loads (each address
+//      depends on the value before), clock64 around each:
+//        first   a line in the second half (never read, so not in the L2) of a page: its first
+//                access since the flush,
+//        second  another never-read line of the same page (the page's translation now warm),
+//        l2      the second line again (an L2 hit),
+//      in three cases: "old" pages (block i: page i of the span's first quarter), "recent" pages
+//      (the span's last pages, touched just before the probe), and "shared old" (every block in
+//      the same old page, different lines).
+// Cycles are converted to ns with the SM clock measured in the same run (clock64 against
+// %globaltimer over ~2 ms). Medians over blocks and 10 repetitions. Usage: qsdpa_first_touch_bench.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include "experiments/cuda_check.hpp"
+
+namespace {
+
+constexpr int64_t kPage = int64_t(2) << 20;
+
+__device__ __forceinline__ uint32_t ld_cg(const char* p) {
+  uint32_t v;
+  asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Reads the first half of each 2 MB page of [0, bytes), 16 bytes per thread per step.
+__global__ void flush_kernel(const char* buf, int64_t bytes, uint32_t* sink) {
+  uint32_t acc = 0;
+  const int64_t half = kPage / 2, pieces = half / 16;
+  const int64_t total = bytes / kPage * pieces;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t page = i / pieces, off = (i - page * pieces) * 16;
+    const uint4 v = __ldcg(reinterpret_cast<const uint4*>(buf + page * kPage + off));
+    acc ^= v.x + v.y + v.z + v.w;
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;  // (never, for zeros: keeps the loads)
+}
+
+// One block of one warp per SM; lane 0 times three chained loads in page pages[blockIdx.x] (the
+// buffer is zeros, so each value adds 0 to the next address, which the compiler cannot know).
+// Each value is stored to shared memory before the clock is read: a warp issues in order, so the
+// store, and the clock read behind it, wait for the load's value.
+__global__ void probe_kernel(const char* buf, const int64_t* pages, int64_t* cycles) {
+  __shared__ volatile uint32_t seen[4];
+  if (threadIdx.x != 0) return;
+  const char* page = buf + pages[blockIdx.x] * kPage;
+  const int64_t line = kPage / 2 + 4096 * int64_t(blockIdx.x % 64);  // never read by the flush
+  const long long t0 = clock64();
+  const uint32_t v1 = ld_cg(page + line);
+  seen[0] = v1;
+  const long long t1 = clock64();
+  const uint32_t v2 = ld_cg(page + line + 128 * 1024 + v1);
+  seen[1] = v2;
+  const long long t2 = clock64();
+  const uint32_t v3 = ld_cg(page + line + 128 * 1024 + v2);
+  seen[2] = v3;
+  const long long t3 = clock64();
+  cycles[3 * blockIdx.x + 0] = t1 - t0;
+  cycles[3 * blockIdx.x + 1] = t2 - t1;
+  cycles[3 * blockIdx.x + 2] = t3 - t2 + seen[2];
+}
+
+__global__ void clock_kernel(long long* out) {
+  long long g0, g1;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g0));
+  const long long c0 = clock64();
+  long long g = g0;
+  while (g - g0 < 2000000) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g));
+  const long long c1 = clock64();
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g1));
+  out[0] = c1 - c0;
+  out[1] = g1 - g0;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int main() {
+  int dev = 0, sms = 0;
+  CK(cudaGetDevice(&dev));
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, dev));
+  size_t free_b = 0, total_b = 0;
+  CK(cudaMemGetInfo(&free_b, &total_b));
+  int64_t max_span = int64_t(16) << 30;
+  while (max_span > int64_t(free_b) * 4 / 10) max_span /= 2;
+  char* buf = nullptr;
+  CK(cudaMalloc(&buf, size_t(max_span)));
+  CK(cudaMemset(buf, 0, size_t(max_span)));
+  uint32_t* sink = nullptr;
+  int64_t *pages_d = nullptr, *cycles_d = nullptr;
+  long long* clk_d = nullptr;
+  CK(cudaMalloc(&sink, 4));
+  CK(cudaMalloc(&pages_d, sizeof(int64_t) * sms));
+  CK(cudaMalloc(&cycles_d, sizeof(int64_t) * 3 * sms));
+  CK(cudaMalloc(&clk_d, 2 * sizeof(long long)));
+
+  clock_kernel<<<1, 1>>>(clk_d);
+  long long clk[2];
+  CK(cudaMemcpy(clk, clk_d, sizeof clk, cudaMemcpyDeviceToHost));
+  const double ghz = double(clk[0]) / double(clk[1]);
+  std::printf("qsdpa_first_touch_bench: %s, %d SMs, SM clock %.3f GHz (measured), buffer %lld MB\n", prop.name, sms, ghz,
+              static_cast<long long>(max_span >> 20));
+  std::printf("ns per load, medians over %d blocks x 10 repetitions (p90 in brackets)\n", sms);
+  std::printf("%-9s %-11s %15s %15s %15s\n", "span", "pages", "first", "second", "l2");
+
+  for (int64_t span = int64_t(64) << 20; span <= max_span; span *= 4) {
+    const int64_t np = span / kPage;
+    for (int mode = 0; mode < 3; ++mode) {
+      std::vector<int64_t> pages(sms);
+      for (int i = 0; i < sms; ++i) {
+        const int64_t quarter = std::max<int64_t>(1, np / 4);
+        pages[i] = mode == 0 ? i % quarter : mode == 1 ? np - 1 - (i % quarter) : 0;
+      }
+      CK(cudaMemcpy(pages_d, pages.data(), sizeof(int64_t) * sms, cudaMemcpyHostToDevice));
+      std::vector<double> f, s, l;
+      for (int rep = 0; rep < 11; ++rep) {
+        flush_kernel<<<4 * sms, 256>>>(buf, span, sink);
+        probe_kernel<<<sms, 32>>>(buf, pages_d, cycles_d);
+        CK(cudaGetLastError());
+        std::vector<int64_t> cy(3 * sms);
+        CK(cudaMemcpy(cy.data(), cycles_d, sizeof(int64_t) * 3 * sms, cudaMemcpyDeviceToHost));
+        if (rep == 0) continue;  // (warm-up)
+        for (int i = 0; i < sms; ++i) {
+          f.push_back(double(cy[3 * i]) / ghz);
+          s.push_back(double(cy[3 * i + 1]) / ghz);
+          l.push_back(double(cy[3 * i + 2]) / ghz);
+        }
+      }
+      const auto p90 = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v.empty() ? 0.0 : v[v.size() * 9 / 10];
+      };
+      static const char* const kMode[] = {"old", "recent", "shared old"};
+      char sp[32];
+      std::snprintf(sp, sizeof sp, "%lld MB", static_cast<long long>(span >> 20));
+      std::printf("%-9s %-11s %7.0f [%5.0f] %7.0f [%5.0f] %7.0f [%5.0f]\n", sp, kMode[mode], median(f), p90(f), median(s),
+                  p90(s), median(l), p90(l));
+    }
+  }
+  CK(cudaFree(buf));
+  CK(cudaFree(sink));
+  CK(cudaFree(pages_d));
+  CK(cudaFree(cycles_d));
+  CK(cudaFree(clk_d));
+  return 0;
+}
