@@ -16,6 +16,11 @@
 //      in three cases: "old" pages (block i: page i of the span's first quarter), "recent" pages
 //      (the span's last pages, touched just before the probe), and "shared old" (every block in
 //      the same old page, different lines).
+// Then the instruction side: a kernel that runs 64 KB of straight-line code (4096 dependent FFMA),
+// timed again at once, after other code, after other code and a 1 GB read through the L2 (which
+// the attention kernels' streams do to their own code every call), and after the same read with
+// evict-first loads. The kernels' prologues and merges run their code once per call, and an
+// earlier ncu profile (run 62) had the merge of the last split waiting mostly on instruction fetch.
 // Cycles are converted to ns with the SM clock measured in the same run (clock64 against
 // %globaltimer over ~2 ms). Medians over blocks and 10 repetitions. Usage: qsdpa_first_touch_bench.
 #include <cuda_runtime.h>
@@ -72,6 +77,42 @@ __global__ void probe_kernel(const char* buf, const int64_t* pages, int64_t* cyc
   cycles[3 * blockIdx.x + 0] = t1 - t0;
   cycles[3 * blockIdx.x + 1] = t2 - t1;
   cycles[3 * blockIdx.x + 2] = t3 - t2 + seen[2];
+}
+
+// The instruction side: kCodeInstr dependent FFMA in a straight line (16 bytes each: 64 KB of code,
+// ~4 cycles each once fetched). SALT makes a second copy with other code (another constant), run to
+// replace the first in the multiprocessors' instruction caches. Each block's lane 0 reports the
+// cycles of the straight line; the value is stored (shared memory, then global) before the clock.
+constexpr int kCodeInstr = 4096;
+template <int SALT>
+__global__ void straight_kernel(float* out, int64_t* cycles) {
+  __shared__ volatile float seen;
+  float x = float(threadIdx.x);
+  const long long t0 = clock64();
+#pragma unroll
+  for (int i = 0; i < kCodeInstr; ++i) x = fmaf(x, 1.0000001f + float(SALT) * 1e-7f, 0.5f);
+  seen = x;
+  const long long t1 = clock64();
+  if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
+  if (x == 1.2345f) out[threadIdx.x] = x;  // (never)
+}
+
+// The flush of the L2 with evict-first loads (L2::evict_first): the same bytes as flush_kernel.
+__global__ void flush_ef_kernel(const char* buf, int64_t bytes, uint32_t* sink) {
+  uint32_t acc = 0;
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  const int64_t half = kPage / 2, pieces = half / 16;
+  const int64_t total = bytes / kPage * pieces;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t page = i / pieces, off = (i - page * pieces) * 16;
+    uint32_t x, y, z, w;
+    asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(x), "=r"(y), "=r"(z), "=r"(w)
+                 : "l"(buf + page * kPage + off), "l"(pol));
+    acc ^= x + y + z + w;
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
 }
 
 __global__ void clock_kernel(long long* out) {
@@ -156,6 +197,39 @@ int main() {
       std::printf("%-9s %-11s %7.0f [%5.0f] %7.0f [%5.0f] %7.0f [%5.0f]\n", sp, kMode[mode], median(f), p90(f), median(s),
                   p90(s), median(l), p90(l));
     }
+  }
+  // ---- the instruction side ----------------------------------------------------------------
+  {
+    int64_t* cyc_d = nullptr;
+    float* junk = nullptr;
+    CK(cudaMalloc(&cyc_d, sizeof(int64_t) * sms));
+    CK(cudaMalloc(&junk, 1024));
+    const int64_t fspan = std::min<int64_t>(max_span, int64_t(1) << 30);
+    std::printf("\n%d dependent FFMA in a straight line (%d KB of code), one warp per SM, us (median [p90] over %d "
+                "blocks x 10)\n",
+                kCodeInstr, kCodeInstr * 16 / 1024, sms);
+    for (int mode = 0; mode < 4; ++mode) {
+      std::vector<double> us;
+      for (int rep = 0; rep < 11; ++rep) {
+        straight_kernel<0><<<sms, 32>>>(junk, cyc_d);  // (the code into every cache)
+        if (mode >= 1) straight_kernel<1><<<sms, 32>>>(junk, cyc_d);  // (other code in the SMs' caches)
+        if (mode == 2) flush_kernel<<<4 * sms, 256>>>(buf, 2 * fspan, sink);
+        if (mode == 3) flush_ef_kernel<<<4 * sms, 256>>>(buf, 2 * fspan, sink);
+        straight_kernel<0><<<sms, 32>>>(junk, cyc_d);
+        CK(cudaGetLastError());
+        std::vector<int64_t> cy(sms);
+        CK(cudaMemcpy(cy.data(), cyc_d, sizeof(int64_t) * sms, cudaMemcpyDeviceToHost));
+        if (rep == 0) continue;
+        for (int i = 0; i < sms; ++i) us.push_back(double(cy[i]) / ghz / 1000.0);
+      }
+      std::sort(us.begin(), us.end());
+      static const char* const kCase[] = {
+          "again at once (code in the SMs' caches)", "after other code (code in L2)",
+          "after other code and a 1 GB read (code from DRAM?)", "after other code and a 1 GB evict-first read"};
+      std::printf("  %-52s %7.2f [%6.2f]\n", kCase[mode], us[us.size() / 2], us[us.size() * 9 / 10]);
+    }
+    CK(cudaFree(cyc_d));
+    CK(cudaFree(junk));
   }
   CK(cudaFree(buf));
   CK(cudaFree(sink));
