@@ -59,19 +59,22 @@ __global__ void flush_kernel(const char* buf, int64_t bytes, uint32_t* sink) {
 // buffer is zeros, so each value adds 0 to the next address, which the compiler cannot know).
 // Each value is stored to shared memory before the clock is read: a warp issues in order, so the
 // store, and the clock read behind it, wait for the load's value.
-__global__ void probe_kernel(const char* buf, const int64_t* pages, int64_t* cycles) {
+// Block i reads in the 4 KB slot i % 64 of the page's second half: the first load at 128 rep bytes
+// into it, the second at 2048 + 128 rep (rep: the repetition, so that no line read by an earlier
+// repetition is read again, whatever the L2 kept).
+__global__ void probe_kernel(const char* buf, const int64_t* pages, int64_t* cycles, int rep) {
   __shared__ volatile uint32_t seen[4];
   if (threadIdx.x != 0) return;
   const char* page = buf + pages[blockIdx.x] * kPage;
-  const int64_t line = kPage / 2 + 4096 * int64_t(blockIdx.x % 64);  // never read by the flush
+  const int64_t slot = kPage / 2 + 4096 * int64_t(blockIdx.x % 64);  // never read by the flush
   const long long t0 = clock64();
-  const uint32_t v1 = ld_cg(page + line);
+  const uint32_t v1 = ld_cg(page + slot + 128 * rep);
   seen[0] = v1;
   const long long t1 = clock64();
-  const uint32_t v2 = ld_cg(page + line + 128 * 1024 + v1);
+  const uint32_t v2 = ld_cg(page + slot + 2048 + 128 * rep + v1);
   seen[1] = v2;
   const long long t2 = clock64();
-  const uint32_t v3 = ld_cg(page + line + 128 * 1024 + v2);
+  const uint32_t v3 = ld_cg(page + slot + 2048 + 128 * rep + v2);
   seen[2] = v3;
   const long long t3 = clock64();
   cycles[3 * blockIdx.x + 0] = t1 - t0;
@@ -176,7 +179,7 @@ int main() {
       std::vector<double> f, s, l;
       for (int rep = 0; rep < 11; ++rep) {
         flush_kernel<<<4 * sms, 256>>>(buf, span, sink);
-        probe_kernel<<<sms, 32>>>(buf, pages_d, cycles_d);
+        probe_kernel<<<sms, 32>>>(buf, pages_d, cycles_d, rep);
         CK(cudaGetLastError());
         std::vector<int64_t> cy(3 * sms);
         CK(cudaMemcpy(cy.data(), cycles_d, sizeof(int64_t) * 3 * sms, cudaMemcpyDeviceToHost));
