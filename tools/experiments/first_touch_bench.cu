@@ -215,7 +215,10 @@ int main() {
       std::vector<double> us;
       for (int rep = 0; rep < 11; ++rep) {
         straight_kernel<0><<<sms, 32>>>(junk, cyc_d);  // (the code into every cache)
-        if (mode >= 1) straight_kernel<1><<<sms, 32>>>(junk, cyc_d);  // (other code in the SMs' caches)
+        if (mode >= 1) {  // (128 KB of other code through the SMs' instruction caches)
+          straight_kernel<1><<<sms, 32>>>(junk, cyc_d);
+          straight_kernel<2><<<sms, 32>>>(junk, cyc_d);
+        }
         if (mode == 2) flush_kernel<<<4 * sms, 256>>>(buf, 2 * fspan, sink);
         if (mode == 3) flush_ef_kernel<<<4 * sms, 256>>>(buf, 2 * fspan, sink);
         straight_kernel<0><<<sms, 32>>>(junk, cyc_d);
