@@ -265,6 +265,20 @@ __host__ __device__ constexpr bool evict_first_for(int D, int BITS, int VBITS) {
           !(QSDPA_MMA_EVICT_FIRST == 3 && D == 128 && four));
 }
 
+// The block's first line of each of its six tensors prefetched into L2 before griddepcontrol.wait
+// (contiguous caches): a tuning variant, 1, or 0 (the default: not compiled). Why: the traces put
+// a block's first tile 2.6-3.0 us after its start even on an idle memory (H200, run 70), and a
+// first load of a page may wait for its address translation (tools/experiments/first_touch_bench.cu
+// measures that); a block placed early, in the previous call's tail, would take that wait there.
+// Not the L2 prefetch of run 88, which asked for the split's first 1024 tokens and queued ahead of
+// the grid's own loads: one line per tensor. Written 2026-12-07 and not yet run on a GPU; ptxas
+// (CUDA 13.0, sm_90a) gives the pool's kernels other spills with it: the 2-bit ones 0 -> 12 bytes
+// of spill stores (kContigPool and kContigPoolCluster), kContigPoolCluster's f16 4-bit 20 -> 8
+// (loads 20 -> 24) and bf16 4-bit 8 -> 4 (loads 8 -> 20), kContigPool's 4-bit ones unchanged.
+#ifndef QSDPA_MMA_TLB_WARM
+#define QSDPA_MMA_TLB_WARM 0
+#endif
+
 // Head dims per warp: D = 512 splits the head dims over the 4 warps of a block (kDS, "d-split"),
 // which then stream the same tiles, each its 128 dims of every row: the logits' partial sums meet
 // in shared memory once per tile, and each warp keeps the Oᵀ of its own dims (the accumulators
@@ -906,6 +920,29 @@ __device__ __noinline__ void merge_if_last_cold(const AttnArgs* a, float* scratc
   merge_if_last<RT, W>(*a, scratch, nrows, r0, b, kvh, rep, Lq);
 }
 
+#if QSDPA_MMA_TLB_WARM
+// Before griddepcontrol.wait (QSDPA_MMA_TLB_WARM): thread t < 6 prefetches into L2 the first line
+// of the block's split in K, V and the four scale and bias tensors of a contiguous cache, from the
+// arguments alone (nothing the previous kernel writes is read), rows inside [0, N). Not inlined, so
+// that its arithmetic stays out of the kernel's own (common subexpressions hoisted above the wait
+// changed the token loop's register allocation: spills in 6 of the pool's 9 kernels).
+__device__ __noinline__ void tlb_warm(const AttnArgs* ap, int rtile, int rbg, int rbgv, int d, int gc) {
+  const AttnArgs& a = *ap;
+  const int64_t rt = (a.Hq / a.Hkv * a.Lq + rtile - 1) / rtile;
+  const int64_t bh = int64_t(blockIdx.x) / rt, b = bh / a.Hkv, h = bh - b * a.Hkv;
+  const int64_t t0 = a.t_begin + int64_t(blockIdx.y) * a.chunk;
+  if (t0 >= a.N) return;
+  const int t = int(threadIdx.x);
+  const int64_t krow = b * a.kmap.batch_stride + h * a.kmap.head_stride + t0;
+  const int64_t vrow = b * a.vmap.batch_stride + h * a.vmap.head_stride + t0;
+  const int64_t sb = int64_t(d / (gc ? gc : a.k_group)) * 2;  // scale bytes per row
+  const void* base = t == 0 ? a.k_packed : t == 1 ? a.v_packed : t == 2 ? a.k_scales
+                     : t == 3 ? a.k_biases : t == 4 ? a.v_scales : a.v_biases;
+  const int64_t off = t == 0 ? krow * rbg : t == 1 ? vrow * rbgv : (t < 4 ? krow : vrow) * sb;
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(static_cast<const uint8_t*>(base) + off));
+}
+#endif
+
 // KDEN: f16 keys as subnormal codes, else as magic-number codes (ignored for bf16). LAYOUT: kContig,
 // kPaged, kPaged16, kAny, kContigCluster, kContigWide or kContigPool (above; warps_of(LAYOUT) warps
 // per block). GC: the group size, or 0 for a.k_group (above).
@@ -933,6 +970,11 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   static_assert(kDS == 1 || (GC != 0 && LAYOUT == kContigWide), "d-split: contiguous caches, a constant group");
   static_assert(16 + kRT * kInKernelMergeMaxSplits * 8 + kRT * 16 + kRT * 8 <= S::kMain, "the in-kernel merge's scratch fits");
   extern __shared__ __align__(16) uint8_t smem[];
+#if QSDPA_MMA_TLB_WARM
+  // (a tuning variant, -DQSDPA_MMA_TLB_WARM=1, off by default: see the macro)
+  if constexpr (LAYOUT == kContig || LAYOUT == kContigCluster || LAYOUT == kContigWide || is_pool(LAYOUT))
+    if (threadIdx.x < 6) tlb_warm(&a, S::kRT, S::kRBG, S::kRBGV, D, GC);
+#endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Launched as a programmatic dependent (AttnArgs::pdl), the block may be placed while the
   // stream's previous kernel still runs: nothing here reads or writes memory before that kernel
