@@ -59,14 +59,15 @@ __global__ void flush_kernel(const char* buf, int64_t bytes, uint32_t* sink) {
 // buffer is zeros, so each value adds 0 to the next address, which the compiler cannot know).
 // Each value is stored to shared memory before the clock is read: a warp issues in order, so the
 // store, and the clock read behind it, wait for the load's value.
-// Block i reads in the 4 KB slot i % 64 of the page's second half: the first load at 128 rep bytes
-// into it, the second at 2048 + 128 rep (rep: the repetition, so that no line read by an earlier
-// repetition is read again, whatever the L2 kept).
+// Block i reads in the 4 KB slot i % 256 of the page's second half (1 MB: 256 slots, so no two
+// blocks of a GPU of up to 256 SMs read the same line, also where several share a page): the first
+// load at 128 rep bytes into it, the second at 2048 + 128 rep (rep: the repetition, so that no line
+// read by an earlier repetition is read again, whatever the L2 kept).
 __global__ void probe_kernel(const char* buf, const int64_t* pages, int64_t* cycles, int rep) {
   __shared__ volatile uint32_t seen[4];
   if (threadIdx.x != 0) return;
   const char* page = buf + pages[blockIdx.x] * kPage;
-  const int64_t slot = kPage / 2 + 4096 * int64_t(blockIdx.x % 64);  // never read by the flush
+  const int64_t slot = kPage / 2 + 4096 * int64_t(blockIdx.x % 256);  // never read by the flush
   const long long t0 = clock64();
   const uint32_t v1 = ld_cg(page + slot + 128 * rep);
   seen[0] = v1;
@@ -207,10 +208,11 @@ int main() {
     float* junk = nullptr;
     CK(cudaMalloc(&cyc_d, sizeof(int64_t) * sms));
     CK(cudaMalloc(&junk, 1024));
-    const int64_t fspan = std::min<int64_t>(max_span, int64_t(1) << 30);
+    // (the flush reads half of each page of [0, 2 fspan): fspan bytes, inside the buffer)
+    const int64_t fspan = std::min<int64_t>(max_span / 2, int64_t(1) << 30);
     std::printf("\n%d dependent FFMA in a straight line (%d KB of code), one warp per SM, us (median [p90] over %d "
-                "blocks x 10)\n",
-                kCodeInstr, kCodeInstr * 16 / 1024, sms);
+                "blocks x 10); the reads below: %lld MB\n",
+                kCodeInstr, kCodeInstr * 16 / 1024, sms, static_cast<long long>(fspan >> 20));
     for (int mode = 0; mode < 4; ++mode) {
       std::vector<double> us;
       for (int rep = 0; rep < 11; ++rep) {
@@ -231,7 +233,7 @@ int main() {
       std::sort(us.begin(), us.end());
       static const char* const kCase[] = {
           "again at once (code in the SMs' caches)", "after other code (code in L2)",
-          "after other code and a 1 GB read (code from DRAM?)", "after other code and a 1 GB evict-first read"};
+          "after other code and a read (code from DRAM?)", "after other code and an evict-first read"};
       std::printf("  %-52s %7.2f [%6.2f]\n", kCase[mode], us[us.size() / 2], us[us.size() * 9 / 10]);
     }
     CK(cudaFree(cyc_d));
