@@ -913,6 +913,16 @@ int qsdpa::cuda::planned_pool(const AttentionParams& p) {
   return detail::make_plan(a, f).use_mma ? a.pool : 0;
 }
 
+int qsdpa::cuda::planned_pool(const AttentionParams& p, int sms, bool sm90a) {
+  if (p.N == 0 || sms < 1) return 0;
+  detail::DeviceFacts f;
+  f.sms = sms;
+  f.cc_major = sm90a ? 9 : 8;
+  f.cc_minor = 0;
+  qsdpa::cuda::AttnArgs a = detail::make_args(p);
+  return detail::make_plan(a, f).use_mma ? a.pool : 0;
+}
+
 bool qsdpa::cuda::uses_block_pool(const AttentionParams& p) { return planned_pool(p) != 0; }
 
 int qsdpa::cuda::planned_splits(const AttentionParams& p) {

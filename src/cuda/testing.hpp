@@ -52,6 +52,9 @@ int64_t set_merge_max_loads(int64_t loads);
 int set_block_pool(int mode);
 bool uses_block_pool(const AttentionParams& p);
 int planned_pool(const AttentionParams& p);
+// The same plan on a described device, none needed: `sms` multiprocessors of compute capability
+// 9.0 (sm90a) or 8.0 (host logic; the tests of the planner's rules run in CI this way).
+int planned_pool(const AttentionParams& p, int sms, bool sm90a);
 // Allows (true, the default) or forbids (false) the tile pool's blocks of 16 warps to merge their
 // splits in clusters (sm_90, where they fit as the cluster merge's rule takes them;
 // uses_cluster_merge says whether attention(p) would); returns the previous setting.

@@ -271,3 +271,49 @@ TEST(CudaDispatch, SplitsWithTokensAreTheOnesTheKernelDoesNotSkip) {
         }
   EXPECT_GT(cases, 1000);
 }
+
+// AttentionParams::deterministic keeps a call off the tile pool (whose warps take their tiles in
+// the order they come free, so a row's sums add up in a different order from call to call): on a
+// described H200 (132 SMs, sm_90a), problems the pool takes without the flag, in the planner's
+// default and in the forced modes, take it with none of them once the flag is set. (The GPU test
+// CudaAttention.DeterministicCallsRepeatTheirBits checks the bits; this holds the rule in CI.)
+TEST(CudaDispatch, DeterministicCallsNeverTakeTheTilePool) {
+  struct Restore {
+    int mode = cuda::set_block_pool(1);
+    bool pool_2bit = cuda::set_pool_2bit(true);
+    ~Restore() {
+      cuda::set_block_pool(mode);
+      cuda::set_pool_2bit(pool_2bit);
+    }
+  } restore;
+  const bool build = cuda::fixed_group_build();  // (the pool's kernels are sm_90a instantiations)
+  struct Shape {
+    int bits;
+    int64_t B, Hq, Hkv, N;
+    bool by_default;  // the default mode takes the pool on this shape (large enough)
+  };
+  const Shape shapes[] = {{4, 8, 32, 8, 32768, true}, {4, 2, 16, 4, 20000, false}, {2, 8, 32, 8, 32768, false}};
+  int pooled = 0;
+  for (const Shape& s : shapes)
+    for (int mode : {1, 2, 3}) {
+      cuda::set_block_pool(mode);
+      AttentionParams p = problem(DType::f16, s.bits, s.bits, 64, 64, 128);
+      p.B = s.B, p.Hq = s.Hq, p.Hkv = s.Hkv, p.N = s.N;
+      const std::string what = name(p) + " B=" + std::to_string(s.B) + " N=" + std::to_string(s.N) +
+                               " mode " + std::to_string(mode);
+      const int free_pool = cuda::planned_pool(p, 132, true);
+      if (mode >= 2) {
+        EXPECT_EQ(free_pool, build ? mode - 1 : 0) << what;
+      }
+      if (mode == 1 && s.by_default) {
+        EXPECT_EQ(free_pool, build ? 1 : 0) << what;
+      }
+      pooled += free_pool != 0;
+      EXPECT_EQ(cuda::planned_pool(p, 132, false), 0) << what << " (no sm_90a)";
+      p.deterministic = true;
+      EXPECT_EQ(cuda::planned_pool(p, 132, true), 0) << what << " deterministic";
+    }
+  if (build) {
+    EXPECT_GE(pooled, 7) << "the shapes should reach the pool without the flag";
+  }
+}
