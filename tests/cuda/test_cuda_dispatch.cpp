@@ -317,3 +317,43 @@ TEST(CudaDispatch, DeterministicCallsNeverTakeTheTilePool) {
     EXPECT_GE(pooled, 7) << "the shapes should reach the pool without the flag";
   }
 }
+
+// The planner's default (set_block_pool(1)) on the bench's D = 128 shapes (Hq = 32, Hkv = 8), on a
+// described H200 (132 SMs, sm_90a): the rules of backend.cu's pool_wanted, each measured there
+// (docs/PERF.md): the pool in blocks of 16 warps where the row tiles are at most the SMs and fill a
+// round, in blocks of 8 where they are at most twice the SMs; not for calls with fewer than 8
+// tiles per warp of a full wave (B=1 N=4096); 2-bit (f16 only) only where the row tiles are at
+// least a quarter of the SMs (not B=1 N=131072), and not at all with set_pool_2bit(false); never
+// for 8-bit or bf16 2-bit caches (the pool has no kernels for them).
+TEST(CudaDispatch, TilePoolDefaultsOnTheBenchShapes) {
+  struct Restore {
+    int mode = cuda::set_block_pool(1);
+    bool pool_2bit = cuda::set_pool_2bit(true);
+    ~Restore() {
+      cuda::set_block_pool(mode);
+      cuda::set_pool_2bit(pool_2bit);
+    }
+  } restore;
+  const bool build = cuda::fixed_group_build();
+  struct Case {
+    DType t;
+    int bits;
+    int64_t B, N;
+    int pool;  // with the pool's 2-bit default on
+  };
+  const Case cases[] = {
+      {DType::f16, 4, 8, 32768, 1},  {DType::bf16, 4, 8, 32768, 1}, {DType::f16, 4, 1, 131072, 1},
+      {DType::f16, 4, 32, 4096, 2},  {DType::f16, 4, 1, 4096, 0},   {DType::f16, 2, 8, 32768, 1},
+      {DType::f16, 2, 32, 4096, 2},  {DType::f16, 2, 1, 131072, 0}, {DType::bf16, 2, 8, 32768, 0},
+      {DType::f16, 8, 8, 32768, 0},
+  };
+  for (const Case& c : cases) {
+    AttentionParams p = problem(c.t, c.bits, c.bits, 64, 64, 128);
+    p.B = c.B, p.Hq = 32, p.Hkv = 8, p.N = c.N;
+    const std::string what = name(p) + " B=" + std::to_string(c.B) + " N=" + std::to_string(c.N);
+    EXPECT_EQ(cuda::planned_pool(p, 132, true), build ? c.pool : 0) << what;
+    cuda::set_pool_2bit(false);
+    EXPECT_EQ(cuda::planned_pool(p, 132, true), build && c.bits != 2 ? c.pool : 0) << what << " (2-bit pool off)";
+    cuda::set_pool_2bit(true);
+  }
+}
