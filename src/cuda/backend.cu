@@ -872,12 +872,11 @@ bool qsdpa::cuda::uses_tensor_cores(const AttentionParams& p) {
 bool qsdpa::cuda::set_cluster_merge(bool on) { return detail::g_cluster_allowed.exchange(on); }
 
 namespace {
-// The merge attention(p) would take on the current device now: 0 none (no device, no key or no
-// tensor-core plan), 1 clusters, 2 in the attention kernel, 3 the combine kernel, 4 the combine
-// kernel with counted arrivals.
-int planned_merge(const qsdpa::AttentionParams& p) {
-  qsdpa::detail::DeviceFacts f;
-  if (p.N == 0 || !qsdpa::detail::current_device_facts(&f)) return 0;
+// The merge attention(p) would take on a device with facts f (merge_of(p): the current device,
+// now): 0 none (no device, no key or no tensor-core plan), 1 clusters, 2 in the attention kernel,
+// 3 the combine kernel, 4 the combine kernel with counted arrivals.
+int merge_of(const qsdpa::AttentionParams& p, const qsdpa::detail::DeviceFacts& f) {
+  if (p.N == 0) return 0;
   qsdpa::cuda::AttnArgs a = qsdpa::detail::make_args(p);
   a.pdl = p.pdl && f.cc_major >= 9 ? 1 : 0;  // (as run_attention sets it)
   if (!qsdpa::detail::make_plan(a, f).use_mma) return 0;
@@ -886,17 +885,31 @@ int planned_merge(const qsdpa::AttentionParams& p) {
   if (in_kernel) return 2;
   return qsdpa::detail::combine_arrivals(a, !p.workspace || p.workspace_zeroed) ? 4 : 3;
 }
+
+int merge_of(const qsdpa::AttentionParams& p) {
+  qsdpa::detail::DeviceFacts f;
+  return qsdpa::detail::current_device_facts(&f) ? merge_of(p, f) : 0;
+}
 }  // namespace
 
-bool qsdpa::cuda::uses_cluster_merge(const AttentionParams& p) { return planned_merge(p) == 1; }
+int qsdpa::cuda::planned_merge(const AttentionParams& p, int sms, bool sm90a) {
+  if (sms < 1) return 0;
+  detail::DeviceFacts f;
+  f.sms = sms;
+  f.cc_major = sm90a ? 9 : 8;
+  f.cc_minor = 0;
+  return merge_of(p, f);
+}
+
+bool qsdpa::cuda::uses_cluster_merge(const AttentionParams& p) { return merge_of(p) == 1; }
 
 bool qsdpa::cuda::set_in_kernel_merge(bool on) { return detail::g_in_kernel_merge_allowed.exchange(on); }
 
 bool qsdpa::cuda::set_combine_arrivals(bool on) { return detail::g_combine_arrivals.exchange(on); }
 
-bool qsdpa::cuda::uses_in_kernel_merge(const AttentionParams& p) { return planned_merge(p) == 2; }
+bool qsdpa::cuda::uses_in_kernel_merge(const AttentionParams& p) { return merge_of(p) == 2; }
 
-bool qsdpa::cuda::uses_combine_arrivals(const AttentionParams& p) { return planned_merge(p) == 4; }
+bool qsdpa::cuda::uses_combine_arrivals(const AttentionParams& p) { return merge_of(p) == 4; }
 
 int64_t qsdpa::cuda::set_merge_max_loads(int64_t loads) { return detail::g_merge_max_loads.exchange(loads); }
 

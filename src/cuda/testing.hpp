@@ -31,6 +31,12 @@ bool uses_cluster_merge(const AttentionParams& p);
 // whole process; returns the previous setting. Whether attention(p) would take it now.
 bool set_in_kernel_merge(bool on);
 bool uses_in_kernel_merge(const AttentionParams& p);
+// The merge attention(p) would take on a described device (none needed: `sms` multiprocessors of
+// compute capability 9.0 (sm90a) or 8.0; host logic, for the planner's tests in CI): 0 none (no key
+// or no tensor-core plan), 1 clusters, 2 in the attention kernel, 3 the combine kernel, 4 the
+// combine kernel with counted arrivals. (Clusters and the blocks per SM are asked of the current
+// device where there is one, so the splits, and with them the merge, may differ without a GPU.)
+int planned_merge(const AttentionParams& p, int sms, bool sm90a);
 // Turns on or off (the default: off, or QSDPA_COMBINE_ARRIVALS=1 in the environment) the counted
 // arrivals for the combine kernel (AttnArgs::arrivals: with a programmatic launch and a zeroed
 // workspace, each row of the combine waits for its own row tile's splits instead of the whole

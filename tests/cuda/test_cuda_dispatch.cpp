@@ -357,3 +357,38 @@ TEST(CudaDispatch, TilePoolDefaultsOnTheBenchShapes) {
     cuda::set_pool_2bit(true);
   }
 }
+
+// The in-kernel merge counts its splits' arrivals in the workspace's counters, which must start at
+// zero: the library's own workspace (always kept zeroed) and a caller's marked workspace_zeroed may
+// take it, a caller's workspace without the mark never does (the combine kernel merges instead).
+// On a described H200 (132 SMs, sm_90a), on the bench's D = 128 shapes that merge in the kernel.
+TEST(CudaDispatch, InKernelMergeOnlyWithAZeroedWorkspace) {
+  struct Restore {
+    bool in_kernel = cuda::set_in_kernel_merge(true);
+    ~Restore() { cuda::set_in_kernel_merge(in_kernel); }
+  } restore;
+  alignas(16) static uint8_t ws[64];
+  int in_kernel = 0;
+  for (auto [bits, B, N] : {std::tuple{4, 8, 32768}, std::tuple{8, 8, 32768}, std::tuple{4, 32, 4096}}) {
+    AttentionParams p = problem(DType::f16, bits, bits, 64, 64, 128);
+    p.B = B, p.Hq = 32, p.Hkv = 8, p.N = N;
+    const std::string what = name(p) + " B=" + std::to_string(B) + " N=" + std::to_string(N);
+    const int own = cuda::planned_merge(p, 132, true);  // (the library's workspace)
+    EXPECT_GE(own, 1) << what;
+    p.workspace = ws, p.workspace_bytes = sizeof ws;
+    p.workspace_zeroed = true;
+    EXPECT_EQ(cuda::planned_merge(p, 132, true), own) << what << " (a caller's zeroed workspace)";
+    p.workspace_zeroed = false;
+    const int unmarked = cuda::planned_merge(p, 132, true);
+    EXPECT_NE(unmarked, 2) << what << " (a caller's workspace, not marked zeroed)";
+    if (own == 2) {
+      EXPECT_EQ(unmarked, 3) << what << " (the combine kernel instead)";
+    }
+    in_kernel += own == 2;
+    cuda::set_in_kernel_merge(false);
+    p.workspace = nullptr, p.workspace_bytes = 0;
+    EXPECT_NE(cuda::planned_merge(p, 132, true), 2) << what << " (in-kernel merge forbidden)";
+    cuda::set_in_kernel_merge(true);
+  }
+  EXPECT_GE(in_kernel, 2) << "the shapes should merge in the kernel with a zeroed workspace";
+}
