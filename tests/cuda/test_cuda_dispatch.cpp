@@ -392,3 +392,33 @@ TEST(CudaDispatch, InKernelMergeOnlyWithAZeroedWorkspace) {
   }
   EXPECT_GE(in_kernel, 2) << "the shapes should merge in the kernel with a zeroed workspace";
 }
+
+// The in-kernel merge runs in the last block of each row tile, on the call's critical path, so
+// the planner takes it only up to a number of 16-byte loads per thread (set_merge_max_loads; the
+// default 32): with no loads allowed a call merges in the combine kernel, with many it merges in
+// the kernel (a described H200; the library's workspace).
+TEST(CudaDispatch, InKernelMergeUpToItsLoadCap) {
+  struct Restore {
+    bool in_kernel = cuda::set_in_kernel_merge(true);
+    int64_t cap = cuda::set_merge_max_loads(32);
+    ~Restore() {
+      cuda::set_in_kernel_merge(in_kernel);
+      cuda::set_merge_max_loads(cap);
+    }
+  } restore;
+  for (auto [bits, B, N] : {std::tuple{4, 8, 32768}, std::tuple{8, 8, 32768}, std::tuple{4, 32, 4096}}) {
+    AttentionParams p = problem(DType::f16, bits, bits, 64, 64, 128);
+    p.B = B, p.Hq = 32, p.Hkv = 8, p.N = N;
+    const std::string what = name(p) + " B=" + std::to_string(B) + " N=" + std::to_string(N);
+    cuda::set_merge_max_loads(0);
+    const int none = cuda::planned_merge(p, 132, true);
+    cuda::set_merge_max_loads(int64_t(1) << 20);
+    const int many = cuda::planned_merge(p, 132, true);
+    if (none == 1) {  // (clusters merge without the load cap, where the device offers them)
+      EXPECT_EQ(many, 1) << what;
+      continue;
+    }
+    EXPECT_TRUE(none == 3 || none == 4) << what << ": " << none;
+    EXPECT_EQ(many, 2) << what;
+  }
+}
