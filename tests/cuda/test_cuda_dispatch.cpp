@@ -272,20 +272,39 @@ TEST(CudaDispatch, SplitsWithTokensAreTheOnesTheKernelDoesNotSkip) {
   EXPECT_GT(cases, 1000);
 }
 
+namespace {
+
+// The planner's tile-pool settings at their defaults (mode 1, the 2-bit pool on) for a test's
+// length, and as they were afterwards.
+struct PoolDefaults {
+  int mode = cuda::set_block_pool(1);
+  bool pool_2bit = cuda::set_pool_2bit(true);
+  ~PoolDefaults() {
+    cuda::set_block_pool(mode);
+    cuda::set_pool_2bit(pool_2bit);
+  }
+};
+
+// The bench's D = 128 shape (Hq = 32, Hkv = 8) of B sequences of N tokens, keys and values of
+// `bits` in groups of 64, and its name.
+AttentionParams bench_shape(DType t, int bits, int64_t B, int64_t N) {
+  AttentionParams p = problem(t, bits, bits, 64, 64, 128);
+  p.B = B, p.Hq = 32, p.Hkv = 8, p.N = N;
+  return p;
+}
+std::string shape_name(const AttentionParams& p) {
+  return name(p) + " B=" + std::to_string(p.B) + " N=" + std::to_string(p.N);
+}
+
+}  // namespace
+
 // AttentionParams::deterministic keeps a call off the tile pool (whose warps take their tiles in
 // the order they come free, so a row's sums add up in a different order from call to call): on a
 // described H200 (132 SMs, sm_90a), problems the pool takes without the flag, in the planner's
 // default and in the forced modes, take it with none of them once the flag is set. (The GPU test
 // CudaAttention.DeterministicCallsRepeatTheirBits checks the bits; this holds the rule in CI.)
 TEST(CudaDispatch, DeterministicCallsNeverTakeTheTilePool) {
-  struct Restore {
-    int mode = cuda::set_block_pool(1);
-    bool pool_2bit = cuda::set_pool_2bit(true);
-    ~Restore() {
-      cuda::set_block_pool(mode);
-      cuda::set_pool_2bit(pool_2bit);
-    }
-  } restore;
+  const PoolDefaults restore;
   const bool build = cuda::fixed_group_build();  // (the pool's kernels are sm_90a instantiations)
   struct Shape {
     int bits;
@@ -299,8 +318,7 @@ TEST(CudaDispatch, DeterministicCallsNeverTakeTheTilePool) {
       cuda::set_block_pool(mode);
       AttentionParams p = problem(DType::f16, s.bits, s.bits, 64, 64, 128);
       p.B = s.B, p.Hq = s.Hq, p.Hkv = s.Hkv, p.N = s.N;
-      const std::string what = name(p) + " B=" + std::to_string(s.B) + " N=" + std::to_string(s.N) +
-                               " mode " + std::to_string(mode);
+      const std::string what = shape_name(p) + " mode " + std::to_string(mode);
       const int free_pool = cuda::planned_pool(p, 132, true);
       if (mode >= 2) {
         EXPECT_EQ(free_pool, build ? mode - 1 : 0) << what;
@@ -326,14 +344,7 @@ TEST(CudaDispatch, DeterministicCallsNeverTakeTheTilePool) {
 // least a quarter of the SMs (not B=1 N=131072), and not at all with set_pool_2bit(false); never
 // for 8-bit or bf16 2-bit caches (the pool has no kernels for them).
 TEST(CudaDispatch, TilePoolDefaultsOnTheBenchShapes) {
-  struct Restore {
-    int mode = cuda::set_block_pool(1);
-    bool pool_2bit = cuda::set_pool_2bit(true);
-    ~Restore() {
-      cuda::set_block_pool(mode);
-      cuda::set_pool_2bit(pool_2bit);
-    }
-  } restore;
+  const PoolDefaults restore;
   const bool build = cuda::fixed_group_build();
   struct Case {
     DType t;
@@ -348,9 +359,8 @@ TEST(CudaDispatch, TilePoolDefaultsOnTheBenchShapes) {
       {DType::f16, 8, 8, 32768, 0},
   };
   for (const Case& c : cases) {
-    AttentionParams p = problem(c.t, c.bits, c.bits, 64, 64, 128);
-    p.B = c.B, p.Hq = 32, p.Hkv = 8, p.N = c.N;
-    const std::string what = name(p) + " B=" + std::to_string(c.B) + " N=" + std::to_string(c.N);
+    const AttentionParams p = bench_shape(c.t, c.bits, c.B, c.N);
+    const std::string what = shape_name(p);
     EXPECT_EQ(cuda::planned_pool(p, 132, true), build ? c.pool : 0) << what;
     cuda::set_pool_2bit(false);
     EXPECT_EQ(cuda::planned_pool(p, 132, true), build && c.bits != 2 ? c.pool : 0) << what << " (2-bit pool off)";
@@ -370,9 +380,8 @@ TEST(CudaDispatch, InKernelMergeOnlyWithAZeroedWorkspace) {
   alignas(16) static uint8_t ws[64];
   int in_kernel = 0;
   for (auto [bits, B, N] : {std::tuple{4, 8, 32768}, std::tuple{8, 8, 32768}, std::tuple{4, 32, 4096}}) {
-    AttentionParams p = problem(DType::f16, bits, bits, 64, 64, 128);
-    p.B = B, p.Hq = 32, p.Hkv = 8, p.N = N;
-    const std::string what = name(p) + " B=" + std::to_string(B) + " N=" + std::to_string(N);
+    AttentionParams p = bench_shape(DType::f16, bits, B, N);
+    const std::string what = shape_name(p);
     const int own = cuda::planned_merge(p, 132, true);  // (the library's workspace)
     EXPECT_GE(own, 1) << what;
     p.workspace = ws, p.workspace_bytes = sizeof ws;
@@ -407,9 +416,8 @@ TEST(CudaDispatch, InKernelMergeUpToItsLoadCap) {
     }
   } restore;
   for (auto [bits, B, N] : {std::tuple{4, 8, 32768}, std::tuple{8, 8, 32768}, std::tuple{4, 32, 4096}}) {
-    AttentionParams p = problem(DType::f16, bits, bits, 64, 64, 128);
-    p.B = B, p.Hq = 32, p.Hkv = 8, p.N = N;
-    const std::string what = name(p) + " B=" + std::to_string(B) + " N=" + std::to_string(N);
+    const AttentionParams p = bench_shape(DType::f16, bits, B, N);
+    const std::string what = shape_name(p);
     cuda::set_merge_max_loads(0);
     const int none = cuda::planned_merge(p, 132, true);
     cuda::set_merge_max_loads(int64_t(1) << 20);
