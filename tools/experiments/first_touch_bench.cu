@@ -5,8 +5,10 @@
 // did not touch (the bench rotates its inputs over a few hundred MB; a model's layers each have
 // their own cache, many GB in all), so the first load of a page may wait for a page-table walk.
 // This program measures it. One buffer of up to 16 GB, zero-filled; for each span S:
-//   1. a "flush" kernel reads the first half of every 2 MB page of [0, S), in ascending order (the
-//      pages at the start of the span were touched the longest ago; the L2 keeps the last ~50 MB);
+//   1. a "flush" kernel reads the first 256 KB of every 2 MB page of [0, S), in ascending order
+//      (every page's translation used; the pages at the start of the span were touched the longest
+//      ago; the L2 keeps the last ~50 MB; an eighth of each page, so that the 16 GB span's flushes
+//      take seconds, not a minute);
 //   2. a probe kernel, one block of one warp per SM, lane 0 alone, chained loads (each address
 //      depends on the value before), clock64 around each:
 //        first   a line in the second half (never read, so not in the L2) of a page: its first
@@ -22,7 +24,9 @@
 // evict-first loads. The kernels' prologues and merges run their code once per call, and an
 // earlier ncu profile (run 62) had the merge of the last split waiting mostly on instruction fetch.
 // Cycles are converted to ns with the SM clock measured in the same run (clock64 against
-// %globaltimer over ~2 ms). Medians over blocks and 10 repetitions. Usage: qsdpa_first_touch_bench.
+// %globaltimer over ~2 ms). Medians over blocks and 10 repetitions (3 at spans over 1 GB). Each
+// row is printed as it is done (line-buffered), so a run cut off by a time limit keeps what it
+// measured. Usage: qsdpa_first_touch_bench.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -42,10 +46,11 @@ __device__ __forceinline__ uint32_t ld_cg(const char* p) {
   return v;
 }
 
-// Reads the first half of each 2 MB page of [0, bytes), 16 bytes per thread per step.
-__global__ void flush_kernel(const char* buf, int64_t bytes, uint32_t* sink) {
+// Reads the first `head` bytes (a multiple of 16, at most half a page) of each 2 MB page of
+// [0, bytes), 16 bytes per thread per step.
+__global__ void flush_kernel(const char* buf, int64_t bytes, int64_t head, uint32_t* sink) {
   uint32_t acc = 0;
-  const int64_t half = kPage / 2, pieces = half / 16;
+  const int64_t pieces = head / 16;
   const int64_t total = bytes / kPage * pieces;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t page = i / pieces, off = (i - page * pieces) * 16;
@@ -101,7 +106,8 @@ __global__ void straight_kernel(float* out, int64_t* cycles) {
   if (x == 1.2345f) out[threadIdx.x] = x;  // (never)
 }
 
-// The flush of the L2 with evict-first loads (L2::evict_first): the same bytes as flush_kernel.
+// The flush of the L2 with evict-first loads (L2::evict_first): the first half of each page, as
+// flush_kernel with head = kPage / 2.
 __global__ void flush_ef_kernel(const char* buf, int64_t bytes, uint32_t* sink) {
   uint32_t acc = 0;
   uint64_t pol;
@@ -139,6 +145,7 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main() {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // (rows out as they come: see the top)
   int dev = 0, sms = 0;
   CK(cudaGetDevice(&dev));
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -165,7 +172,7 @@ int main() {
   const double ghz = double(clk[0]) / double(clk[1]);
   std::printf("qsdpa_first_touch_bench: %s, %d SMs, SM clock %.3f GHz (measured), buffer %lld MB\n", prop.name, sms, ghz,
               static_cast<long long>(max_span >> 20));
-  std::printf("ns per load, medians over %d blocks x 10 repetitions (p90 in brackets)\n", sms);
+  std::printf("ns per load, medians over %d blocks x 10 repetitions, 3 over 1 GB (p90 in brackets)\n", sms);
   std::printf("%-9s %-11s %15s %15s %15s\n", "span", "pages", "first", "second", "l2");
 
   for (int64_t span = int64_t(64) << 20; span <= max_span; span *= 4) {
@@ -178,8 +185,10 @@ int main() {
       }
       CK(cudaMemcpy(pages_d, pages.data(), sizeof(int64_t) * sms, cudaMemcpyHostToDevice));
       std::vector<double> f, s, l;
-      for (int rep = 0; rep < 11; ++rep) {
-        flush_kernel<<<4 * sms, 256>>>(buf, span, sink);
+      // (10 measured repetitions up to 1 GB, 3 above: each flush of 16 GB reads 2 GB)
+      const int reps = span <= (int64_t(1) << 30) ? 11 : 4;
+      for (int rep = 0; rep < reps; ++rep) {
+        flush_kernel<<<4 * sms, 256>>>(buf, span, kPage / 8, sink);
         probe_kernel<<<sms, 32>>>(buf, pages_d, cycles_d, rep);
         CK(cudaGetLastError());
         std::vector<int64_t> cy(3 * sms);
@@ -221,7 +230,7 @@ int main() {
           straight_kernel<1><<<sms, 32>>>(junk, cyc_d);
           straight_kernel<2><<<sms, 32>>>(junk, cyc_d);
         }
-        if (mode == 2) flush_kernel<<<4 * sms, 256>>>(buf, 2 * fspan, sink);
+        if (mode == 2) flush_kernel<<<4 * sms, 256>>>(buf, 2 * fspan, kPage / 2, sink);
         if (mode == 3) flush_ef_kernel<<<4 * sms, 256>>>(buf, 2 * fspan, sink);
         straight_kernel<0><<<sms, 32>>>(junk, cyc_d);
         CK(cudaGetLastError());
