@@ -890,15 +890,20 @@ int merge_of(const qsdpa::AttentionParams& p) {
   qsdpa::detail::DeviceFacts f;
   return qsdpa::detail::current_device_facts(&f) ? merge_of(p, f) : 0;
 }
-}  // namespace
 
-int qsdpa::cuda::planned_merge(const AttentionParams& p, int sms, bool sm90a) {
-  if (sms < 1) return 0;
-  detail::DeviceFacts f;
+// A described device for the planner's tests: `sms` multiprocessors of compute capability 9.0
+// (sm90a) or 8.0.
+qsdpa::detail::DeviceFacts described(int sms, bool sm90a) {
+  qsdpa::detail::DeviceFacts f;
   f.sms = sms;
   f.cc_major = sm90a ? 9 : 8;
   f.cc_minor = 0;
-  return merge_of(p, f);
+  return f;
+}
+}  // namespace
+
+int qsdpa::cuda::planned_merge(const AttentionParams& p, int sms, bool sm90a) {
+  return sms < 1 ? 0 : merge_of(p, described(sms, sm90a));
 }
 
 bool qsdpa::cuda::uses_cluster_merge(const AttentionParams& p) { return merge_of(p) == 1; }
@@ -928,12 +933,8 @@ int qsdpa::cuda::planned_pool(const AttentionParams& p) {
 
 int qsdpa::cuda::planned_pool(const AttentionParams& p, int sms, bool sm90a) {
   if (p.N == 0 || sms < 1) return 0;
-  detail::DeviceFacts f;
-  f.sms = sms;
-  f.cc_major = sm90a ? 9 : 8;
-  f.cc_minor = 0;
   qsdpa::cuda::AttnArgs a = detail::make_args(p);
-  return detail::make_plan(a, f).use_mma ? a.pool : 0;
+  return detail::make_plan(a, described(sms, sm90a)).use_mma ? a.pool : 0;
 }
 
 bool qsdpa::cuda::uses_block_pool(const AttentionParams& p) { return planned_pool(p) != 0; }
