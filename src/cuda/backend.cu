@@ -891,6 +891,13 @@ int merge_of(const qsdpa::AttentionParams& p) {
   return qsdpa::detail::current_device_facts(&f) ? merge_of(p, f) : 0;
 }
 
+// The tile pool attention(p) would take on a device with facts f (AttnArgs::pool: 0 none).
+int pool_of(const qsdpa::AttentionParams& p, const qsdpa::detail::DeviceFacts& f) {
+  if (p.N == 0) return 0;
+  qsdpa::cuda::AttnArgs a = qsdpa::detail::make_args(p);
+  return qsdpa::detail::make_plan(a, f).use_mma ? a.pool : 0;
+}
+
 // A described device for the planner's tests: `sms` multiprocessors of compute capability 9.0
 // (sm90a) or 8.0.
 qsdpa::detail::DeviceFacts described(int sms, bool sm90a) {
@@ -926,15 +933,11 @@ bool qsdpa::cuda::set_pool_2bit(bool on) { return detail::g_pool_2bit.exchange(o
 
 int qsdpa::cuda::planned_pool(const AttentionParams& p) {
   detail::DeviceFacts f;
-  if (p.N == 0 || !detail::current_device_facts(&f)) return 0;
-  qsdpa::cuda::AttnArgs a = detail::make_args(p);
-  return detail::make_plan(a, f).use_mma ? a.pool : 0;
+  return detail::current_device_facts(&f) ? pool_of(p, f) : 0;
 }
 
 int qsdpa::cuda::planned_pool(const AttentionParams& p, int sms, bool sm90a) {
-  if (p.N == 0 || sms < 1) return 0;
-  qsdpa::cuda::AttnArgs a = detail::make_args(p);
-  return detail::make_plan(a, described(sms, sm90a)).use_mma ? a.pool : 0;
+  return sms < 1 ? 0 : pool_of(p, described(sms, sm90a));
 }
 
 bool qsdpa::cuda::uses_block_pool(const AttentionParams& p) { return planned_pool(p) != 0; }

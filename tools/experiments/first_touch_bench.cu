@@ -47,14 +47,23 @@ __device__ __forceinline__ uint32_t ld_cg(const char* p) {
 }
 
 // Reads the first `head` bytes (a multiple of 16, at most half a page) of each 2 MB page of
-// [0, bytes), 16 bytes per thread per step.
+// [0, bytes), 16 bytes per thread per step; EF: with evict-first loads (L2::evict_first).
+template <bool EF>
 __global__ void flush_kernel(const char* buf, int64_t bytes, int64_t head, uint32_t* sink) {
   uint32_t acc = 0;
+  uint64_t pol = 0;
+  if constexpr (EF) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
   const int64_t pieces = head / 16;
   const int64_t total = bytes / kPage * pieces;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t page = i / pieces, off = (i - page * pieces) * 16;
-    const uint4 v = __ldcg(reinterpret_cast<const uint4*>(buf + page * kPage + off));
+    uint4 v;
+    if constexpr (EF)
+      asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                   : "l"(buf + page * kPage + off), "l"(pol));
+    else
+      v = __ldcg(reinterpret_cast<const uint4*>(buf + page * kPage + off));
     acc ^= v.x + v.y + v.z + v.w;
   }
   if (acc == 0x9e3779b9u) *sink = acc;  // (never, for zeros: keeps the loads)
@@ -106,25 +115,6 @@ __global__ void straight_kernel(float* out, int64_t* cycles) {
   if (x == 1.2345f) out[threadIdx.x] = x;  // (never)
 }
 
-// The flush of the L2 with evict-first loads (L2::evict_first): the first half of each page, as
-// flush_kernel with head = kPage / 2.
-__global__ void flush_ef_kernel(const char* buf, int64_t bytes, uint32_t* sink) {
-  uint32_t acc = 0;
-  uint64_t pol;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-  const int64_t half = kPage / 2, pieces = half / 16;
-  const int64_t total = bytes / kPage * pieces;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t page = i / pieces, off = (i - page * pieces) * 16;
-    uint32_t x, y, z, w;
-    asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=r"(x), "=r"(y), "=r"(z), "=r"(w)
-                 : "l"(buf + page * kPage + off), "l"(pol));
-    acc ^= x + y + z + w;
-  }
-  if (acc == 0x9e3779b9u) *sink = acc;
-}
-
 __global__ void clock_kernel(long long* out) {
   long long g0, g1;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g0));
@@ -137,9 +127,10 @@ __global__ void clock_kernel(long long* out) {
   out[1] = g1 - g0;
 }
 
-double median(std::vector<double> v) {
+// The value `tenths` / 10 of the way through the sorted samples (5: the median, 9: the p90).
+double quantile(std::vector<double> v, int tenths) {
   std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
+  return v.empty() ? 0.0 : v[v.size() * size_t(tenths) / 10];
 }
 
 }  // namespace
@@ -188,7 +179,7 @@ int main() {
       // (10 measured repetitions up to 1 GB, 3 above: each flush of 16 GB reads 2 GB)
       const int reps = span <= (int64_t(1) << 30) ? 11 : 4;
       for (int rep = 0; rep < reps; ++rep) {
-        flush_kernel<<<4 * sms, 256>>>(buf, span, kPage / 8, sink);
+        flush_kernel<false><<<4 * sms, 256>>>(buf, span, kPage / 8, sink);
         probe_kernel<<<sms, 32>>>(buf, pages_d, cycles_d, rep);
         CK(cudaGetLastError());
         std::vector<int64_t> cy(3 * sms);
@@ -200,15 +191,11 @@ int main() {
           l.push_back(double(cy[3 * i + 2]) / ghz);
         }
       }
-      const auto p90 = [](std::vector<double> v) {
-        std::sort(v.begin(), v.end());
-        return v.empty() ? 0.0 : v[v.size() * 9 / 10];
-      };
       static const char* const kMode[] = {"old", "recent", "shared old"};
       char sp[32];
       std::snprintf(sp, sizeof sp, "%lld MB", static_cast<long long>(span >> 20));
-      std::printf("%-9s %-11s %7.0f [%5.0f] %7.0f [%5.0f] %7.0f [%5.0f]\n", sp, kMode[mode], median(f), p90(f), median(s),
-                  p90(s), median(l), p90(l));
+      std::printf("%-9s %-11s %7.0f [%5.0f] %7.0f [%5.0f] %7.0f [%5.0f]\n", sp, kMode[mode], quantile(f, 5),
+                  quantile(f, 9), quantile(s, 5), quantile(s, 9), quantile(l, 5), quantile(l, 9));
     }
   }
   // ---- the instruction side ----------------------------------------------------------------
@@ -230,8 +217,7 @@ int main() {
           straight_kernel<1><<<sms, 32>>>(junk, cyc_d);
           straight_kernel<2><<<sms, 32>>>(junk, cyc_d);
         }
-        if (mode == 2) flush_kernel<<<4 * sms, 256>>>(buf, 2 * fspan, kPage / 2, sink);
-        if (mode == 3) flush_ef_kernel<<<4 * sms, 256>>>(buf, 2 * fspan, sink);
+        if (mode >= 2) (mode == 3 ? flush_kernel<true> : flush_kernel<false>)<<<4 * sms, 256>>>(buf, 2 * fspan, kPage / 2, sink);
         straight_kernel<0><<<sms, 32>>>(junk, cyc_d);
         CK(cudaGetLastError());
         std::vector<int64_t> cy(sms);
@@ -239,11 +225,10 @@ int main() {
         if (rep == 0) continue;
         for (int i = 0; i < sms; ++i) us.push_back(double(cy[i]) / ghz / 1000.0);
       }
-      std::sort(us.begin(), us.end());
       static const char* const kCase[] = {
           "again at once (code in the SMs' caches)", "after other code (code in L2)",
           "after other code and a read (code from DRAM?)", "after other code and an evict-first read"};
-      std::printf("  %-52s %7.2f [%6.2f]\n", kCase[mode], us[us.size() / 2], us[us.size() * 9 / 10]);
+      std::printf("  %-52s %7.2f [%6.2f]\n", kCase[mode], quantile(us, 5), quantile(us, 9));
     }
     CK(cudaFree(cyc_d));
     CK(cudaFree(junk));
