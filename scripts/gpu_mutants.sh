@@ -35,8 +35,10 @@ all_tests="test_cuda_runtime@$tests_rt test_cuda_serving@$tests_sv test_cuda_att
 tests_pool='test_cuda_attention@CudaAttention.TilePoolBlocks test_cuda_serving@CudaServingPool.*'
 tests_arr='test_cuda_serving@Cases/CudaServingMmaArrivals.* test_cuda_attention@CudaAttention.WideRowsManySplitsInKernelMerge test_cuda_runtime@CudaRuntime.ChainedCallsWaitForTheirInputs'
 tests_vf='test_cuda_attention@CudaAttention.ValueScalesOfEveryMagnitude:CudaAttention.HeadDim512OnTensorCores'
+tests_vp='test_cuda_attention@CudaAttention.FewRowsPerKvHeadInOneNTile:CudaAttention.ValueScalesOfEveryMagnitude:CudaAttention.TilePoolBlocks'
 
 # name|file|sed expression|what it breaks|tests (program@filter, space-separated)|scope
+# (no '|' inside a field: '..' stands for '||' in a pattern, and `or` in C++ replaces it)
 # scope "all" rebuilds every object the change touches; "g64" rebuilds only the instantiations
 # with the group size 64 as a constant (src/cuda/g64/, which run every f16 / bf16 group-64 case on
 # sm_90a) and takes the other objects as they are: a few minutes less, and the tests of other
@@ -50,9 +52,12 @@ mutants=(
   'pool-twice|src/cuda/mma_kernel.cuh|s/^    if (tid == 0) \*pool = W;/    if (tid == 0) *pool = W - 1;/|the tile pool hands out tile W - 1 twice (one tile counted twice)|'"$tests_pool"'|g64'
   'pool-skip|src/cuda/mma_kernel.cuh|s/^    if (tid == 0) \*pool = W;/    if (tid == 0) *pool = W + 1;/|the tile pool never hands out tile W (one tile lost)|'"$tests_pool"'|g64'
   'pair-never|src/cuda/backend.cu|s/return units <= 2 \* sms \&\& fills(2 \* sms) ? 2 : 0;/return 0;/|the planner never takes the tile pool'"'"'s blocks of 8 warps (B=32 N=4096 back on 4-warp blocks)|test_cuda_attention@CudaAttention.TilePoolBlocks test_cuda_dispatch@CudaDispatch.TilePoolDefaultsOnTheBenchShapes|all'
-  'vfold-no-exp|src/cuda/mma_kernel.cuh|s/^      if (__any_sync(0xffffffffu, big) .. __all_sync(0xffffffffu, small)) {$/      if (false) {/|the folded values'"'"' exponent never moves (p s leaves f16'"'"'s range for large or tiny scales)|'"$tests_vf"'|g64'
-  'vfold-no-bias|src/cuda/mma_kernel.cuh|s/^        Y::mma(zacc, A, zb0, zb1);$//|the folded values lose their biases (Σ p z)|'"$tests_vf"'|g64'
-  'vfold-no-lo|src/cuda/mma_kernel.cuh|s/^                Y::mma(o\[dt\]\[nt\], A, pl\[nt\]\[0\], pl\[nt\]\[1\]);$//|the folded weights p s keep their f16 rounding (hi only, no lo)|'"$tests_vf"'|g64'
+  'vfold-no-exp|src/cuda/mma_kernel.cuh|s/^  if (!(__any_sync(0xffffffffu, big) .. __all_sync(0xffffffffu, small))) return false;$/  if (true) return false;/|the folded values'"'"' exponent never moves (p s leaves f16'"'"'s range for large or tiny scales)|'"$tests_vf"'|g64'
+  'vfold-no-bias|src/cuda/mma_kernel.cuh|s/^          Y::mma(zacc, A, zb0, zb1);$//|the folded values lose their biases (Σ p z)|'"$tests_vf"'|g64'
+  'vfold-no-lo|src/cuda/mma_kernel.cuh|s/^                  Y::mma(o\[dt\]\[nt\], A, pl\[nt\]\[0\], pl\[nt\]\[1\]);$//|the folded weights p s keep their f16 rounding (hi only, no lo)|'"$tests_vf"'|g64'
+  'vpack-no-mirror|src/cuda/mma_kernel.cuh|s/^          for (int e = 0; e < 4; ++e) y\[mt\]\[0\]\[e\] = __shfl_sync(0xffffffffu, y\[mt\]\[0\]\[e\], src);$/          ;/|kVPack: columns 4-7 keep the padding rows'"'"' logits, so their lo halves weigh the wrong rows|'"$tests_vp"'|g64'
+  'vpack-hi-twice|src/cuda/mma_kernel.cuh|s/ph\[nt\]\[0\] = YF::mul2_part(pt\[mt\]\[nt\]\[0\], s01, lo_lane);/ph[nt][0] = YF::mul2_part(pt[mt][nt][0], s01, false);/|kVPack: columns 4-7 carry the hi halves again (for the first 8 tokens of each 16), not the lo ones|'"$tests_vp"'|g64'
+  'vpack-no-fold-in|src/cuda/mma_kernel.cuh|s/^          for (int e = 0; e < 4; ++e) o\[dt\]\[0\]\[e\] += __shfl_xor_sync(0xffffffffu, o\[dt\]\[0\]\[e\], 2);$/          ;/|kVPack: the lo columns are never added to the hi ones (p s at f16 precision)|'"$tests_vp"'|g64'
   'direct-no-sink|src/cuda/mma_kernel.cuh|s/^          wgt = f2 \/ den;$/          wgt = 1.0f \/ l;/|a grid of one split writes its output without the row'"'"'s sink|test_cuda_attention@CudaAttention.OneSplitWritesTheOutput:CudaAttention.NoKeysGivesZeros|g64'
   'direct-empty-silent|src/cuda/mma_kernel.cuh|s/^        store_t(a.out, a.dtype, a.omap.at(b, kvh \* rep + hl, i) + d, 0.0f);$//|a grid of one split leaves the rows of an empty sequence unwritten|test_cuda_attention@CudaAttention.OneSplitWritesTheOutput:CudaAttention.NoKeysGivesZeros|g64'
   'compact-no-sink|src/cuda/mma_kernel.cuh|s/^    if (m_all != -INFINITY \&\& a.sinks) denom += expf(sink - mx);$//|the compact merge of the two-n-tile kernels leaves the row'"'"'s sink out|test_cuda_attention@CudaAttention.TwoNTileInKernelMerge|g64'
@@ -72,7 +77,7 @@ mutants=(
   'rowsm-pipe-slot|src/cuda/mma_rowsm.cuh|s/      step_values(sv, xo);/      step_values(sa, xo);/|the rows-on-M kernel'"'"'s pipelined loop (4-bit) takes the values of the tile whose keys it just used (ring slot of tile it + 1, not it)|test_cuda_attention@CudaAttention.HeadDim512RowsOnM|g64'
   'pool-2bit-as-4|src/cuda/mma_dispatch_impl.cuh|s/if (a.k_bits == 2) return d.template operator()<T, 2, 2>();/if (a.k_bits == 2) return d.template operator()<T, 4, 4>();/|the tile pool runs 2-bit caches on its 4-bit kernels|'"$tests_pool"'|g64'
   'pool-2bit-all-sizes|src/cuda/backend.cu|s/units \* kPool2BitSmsPerRowTile < sms/units * kPool2BitSmsPerRowTile < 0/|the planner takes the 2-bit pool for any number of row tiles (B=1 N=131072 too)|test_cuda_attention@CudaAttention.TilePoolBlocks test_cuda_dispatch@CudaDispatch.TilePoolDefaultsOnTheBenchShapes|all'
-  'deterministic-ignored|src/cuda/backend.cu|s/if (mode == 0 .. a.deterministic .. !cuda::mma_pool_fits(a)) return 0;/if (mode == 0 || !cuda::mma_pool_fits(a)) return 0;/|the planner takes the tile pool for a deterministic call (AttentionParams::deterministic ignored)|test_cuda_attention@CudaAttention.DeterministicCallsRepeatTheirBits test_cuda_dispatch@CudaDispatch.DeterministicCallsNeverTakeTheTilePool|all'
+  'deterministic-ignored|src/cuda/backend.cu|s/if (mode == 0 .. a.deterministic .. !cuda::mma_pool_fits(a)) return 0;/if (mode == 0 or !cuda::mma_pool_fits(a)) return 0;/|the planner takes the tile pool for a deterministic call (AttentionParams::deterministic ignored)|test_cuda_attention@CudaAttention.DeterministicCallsRepeatTheirBits test_cuda_dispatch@CudaDispatch.DeterministicCallsNeverTakeTheTilePool|all'
   'zeroed-unasked|src/cuda/backend.cu|s/return in_kernel_merge(a, !p.workspace .. p.workspace_zeroed);/return in_kernel_merge(a, true);/|a caller'"'"'s workspace is taken as zero-filled without workspace_zeroed|test_cuda_runtime@'"$tests_rt"' test_cuda_dispatch@CudaDispatch.InKernelMergeOnlyWithAZeroedWorkspace|all'
 )
 # QSDPA_MUTANTS='name name': only these (default: all)
@@ -104,6 +109,12 @@ for m in "${mutants[@]}"; do
   [ "$only" != "  " ] && [[ "$only" != *" $name "* ]] && continue
   left=$((budget - ($(date +%s) - start)))
   if [ "$left" -lt 100 ]; then say "mutant $name: not run ($left s of the budget left)"; continue; fi
+  # (the vpack- mutants break code that only a build with -DQSDPA_MMA_VPACK=1 has: scripts/gpu_run.sh
+  # with QSDPA_GPU_CUDA_FLAGS=-DQSDPA_MMA_VPACK=1 before this script)
+  if [[ "$name" == vpack-* ]] && ! grep -q '^CMAKE_CUDA_FLAGS:.*-DQSDPA_MMA_VPACK=1' "$build/CMakeCache.txt" 2>/dev/null; then
+    say "mutant $name: not run (the build has no -DQSDPA_MMA_VPACK=1)"
+    continue
+  fi
   restore
   sed -i "$expr" "$file"
   if cmp -s "$file" "$out/orig.$(basename "$file")"; then say "mutant $name: the sed changed nothing (script out of date)"; continue; fi

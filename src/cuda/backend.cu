@@ -976,6 +976,14 @@ bool qsdpa::cuda::set_rows_on_m(bool on) { return detail::g_rows_on_m.exchange(o
 
 bool qsdpa::cuda::fixed_group_build() { return QSDPA_HAVE_MMA && QSDPA_HAVE_G64; }
 
+bool qsdpa::cuda::packed_value_columns_built() {
+#if defined(QSDPA_MMA_VPACK) && QSDPA_HAVE_MMA
+  return QSDPA_MMA_VPACK != 0;
+#else
+  return false;
+#endif
+}
+
 int qsdpa::cuda::tensor_core_layout(const AttentionParams& p) {
 #if QSDPA_HAVE_MMA
   return cuda::mma_layout_kind(detail::make_args(p));

@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 #include "common.cuh"
 #include "mma_format.cuh"
@@ -142,6 +143,32 @@ __host__ __device__ constexpr bool vfold_for(int D, int BITS, int VBITS, int NT)
          (QSDPA_MMA_VFOLD == 3 && VBITS == 4 && NT == 1) ||
          (QSDPA_MMA_VFOLD == 4 && VBITS == 4 && (D == 512 || (D == 256 && BITS == 4)));
 }
+// kVFold with the weights' hi and lo halves in one mma (kVPack): a block of at most 4 query rows
+// (a KV head's rows with one n-tile: GQA 4 with one query row, the bench's D = 128 shapes) leaves
+// the n-tile's columns 4-7 unused. Their lanes (c >= 2 in the logits, g >= 4 in Pᵀ) take rows
+// 0-3's logits (one shuffle per logit, right after the masks), so that they run rows 0-3's softmax
+// bit for bit and hold rows 0-3's weights; as the B operand they carry the lo halves of p s where
+// columns 0-3 carry the hi halves, and after the loop the lo columns' accumulators are added to
+// the hi ones. So the values cost one lop3 per code pair and one mma per d-tile, where the
+// dequantizing path takes lop3 + add + fma per pair and kVFold's two-mma form two mma (which made
+// the D = 128 kernels slower, runs 55-59). The value scales are read once per group (the
+// dequantizing path reads scales and biases at every 32-dim block). Compiled into the f16
+// D = 128 one-n-tile instantiations with 2- or 4-bit values that do not fold already, next to
+// the dequantizing path, which blocks of 5-8 rows keep (the choice is per block, at run time).
+// Static count (sm_90a, the 2-bit pool kernel, a full 32-token tile): the values' ~312 warp
+// instructions -> ~186. Off by default until a GPU run holds it to the tests and times it
+// (-DQSDPA_MMA_VPACK=1).
+#ifndef QSDPA_MMA_VPACK
+#define QSDPA_MMA_VPACK 0
+#endif
+__host__ __device__ constexpr bool vpack_for(int D, int BITS, int VBITS, int NT) {
+  return QSDPA_MMA_VPACK != 0 && D == 128 && NT == 1 && (VBITS == 2 || VBITS == 4) && !vfold_for(D, BITS, VBITS, NT);
+}
+// T, as a type that depends on I (for code under `if constexpr` on I inside a generic lambda)
+template <int I, class T>
+struct Dependent {
+  using type = T;
+};
 constexpr int kVExpMin = -14, kVExpMax = 15;  // 2^e as an f16 normal
 // f16 bits of 2^k (k >= -24; 2^15 at most, +inf above), and k from the bits of a normal 2^k
 __host__ __device__ constexpr uint32_t f16_pow2_bits(int k) {
@@ -961,6 +988,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   constexpr bool kCl = kClusterCode && is_cluster(LAYOUT);  // merge in the cluster (a.cluster)
   constexpr bool kPl = is_pool(LAYOUT);  // the warps take their tiles from the block's pool
   constexpr bool kVF = vfold_for(D, BITS, VBITS, NT) && FV::kVCodes;  // values folded (kVFold)
+  constexpr bool kVP = vpack_for(D, BITS, VBITS, NT) && FV::kVCodes && d_split(D) == 1;  // kVPack compiled in
   static_assert(!kPl || (STAGES == 2 && d_split(D) == 1), "the pool's loop: two stages, one warp per tile");
   constexpr int kRB = S::kRB, kC = S::kC, kKS = S::kKS, kRT = S::kRT, kMT = S::kMT;
   constexpr int kRBV = S::kRBV, kCV = S::kCV, kRBG = S::kRBG, kRBGV = S::kRBGV;
@@ -1002,6 +1030,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   const int split = int(blockIdx.y);
   const int64_t b = bh / a.Hkv, kvh = bh - b * a.Hkv;
   const int r0 = rtile * kRT, nrows = min(kRT, R - r0);
+  const bool vp = kVP && nrows <= 4;  // kVPack: this block's rows fit columns 0-3 (uniform)
   // This sequence's tokens and query rows (per-sequence lengths; N and Lq without them). Row i
   // sits at position n - lq + i; rows i >= lq are padding that sees no key.
   const int64_t n = detail::seq_kv_len(a.kv_lens, b, N);
@@ -1677,6 +1706,15 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
             if (!vis) y[mt][nt][e] = -INFINITY;
           }
     }
+    if constexpr (kVP) {
+      if (vp) {  // kVPack: columns 4-7 (lanes c >= 2) become rows 0-3 again, bit for bit
+        const int src = c >= 2 ? lane - 2 : lane;
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) y[mt][0][e] = __shfl_sync(0xffffffffu, y[mt][0][e], src);
+      }
+    }
 
     bool trig = false;
 #pragma unroll
@@ -1708,7 +1746,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
               y[mt][nt][e2 + 2] -= dl;
             }
             lsum[nt][e2] *= alpha;
-            if constexpr (kVF) valpha[nt][e2] = alpha;
+            if constexpr (kVF || kVP) valpha[nt][e2] = alpha;
 #pragma unroll
             for (int dt = 0; dt < kKS; ++dt) {
               o[dt][nt][e2] *= alpha;
@@ -1718,7 +1756,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
             thr[nt][e2] = kTau;
           }
         }
-      if constexpr (kVF) {  // row g (n-tile nt) of zacc: row 2 (g/2) + g%2's factor, from lane g/2
+      if constexpr (kVF || kVP) {  // row g (n-tile nt) of zacc: row 2 (g/2) + g%2's factor, from lane g/2
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
           const float a0 = __shfl_sync(0xffffffffu, valpha[nt][0], g >> 1);
@@ -1747,123 +1785,158 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
       }
 
     // ---- kVFold: the tile's value scales against the warp's exponent ---------------------------
-    if constexpr (kVF) {
-      // |s| of the tile's 32 ng value scales (this lane: lane + 32 j), as f16 bits (ordered as
-      // the magnitudes; NaN and inf above every finite one)
-      uint32_t amax = 0u;
+    if constexpr (kVF || kVP) {
+      if (kVF || vp) {
+        // |s| of the tile's 32 ng value scales (this lane: lane + 32 j), as f16 bits (ordered as
+        // the magnitudes; NaN and inf above every finite one)
+        uint32_t amax = 0u;
 #pragma unroll
-      for (int j = 0; j < S::kNGW; ++j)
-        if (j < ng) amax = max(amax, lds16(svs + uint32_t(2 * (lane + 32 * j))) & 0x7fffu);
-      // (e such that the warp's max |s| 2^e lies in [4, 8): the accumulators' units follow)
-      if (float f; vexp_track<Y>(amax, vexp2, f)) {
+        for (int j = 0; j < S::kNGW; ++j)
+          if (j < ng) amax = max(amax, lds16(svs + uint32_t(2 * (lane + 32 * j))) & 0x7fffu);
+        // (e such that the warp's max |s| 2^e lies in [4, 8): the accumulators' units follow)
+        if (float f; vexp_track<Y>(amax, vexp2, f)) {
 #pragma unroll
-        for (int dt = 0; dt < kKS; ++dt)
+          for (int dt = 0; dt < kKS; ++dt)
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
+            for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) o[dt][nt][e] *= f;
+              for (int e = 0; e < 4; ++e) o[dt][nt][e] *= f;
+        }
       }
     }
 
     // ---- Oᵀ += Vᵀ Pᵀ, V dequantized per token pair (kVFold: bare codes, Pᵀ times the scales) ----
+    // kFold: 0 dequantized, 1 kVFold (hi and lo in two mma), 2 kVPack (hi in columns 0-3, lo in 4-7)
+    const auto values = [&](auto fold) {
+      constexpr int kFold = decltype(fold)::value;
+      using YF = typename Dependent<kFold, Y>::type;  // (Y, named through kFold: bf16 has no folded forms)
+      const bool lo_lane = g >= 4;  // kVPack: this lane's B column carries a lo half
+      (void)lo_lane;
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
-      if constexpr (kVF) {  // Σ_t p_t z_t += P · Z: P as the A operand (Pᵀ's fragments are P's),
-        // Z [16 tokens][8 groups] as B: column g = group g of the warp's dims (0 past ng)
-        const uint32_t zp = svz + mt * rb_mt + rb_c2 + uint32_t(2 * g);
-        const uint32_t zm = g < ng ? 0xffffffffu : 0u;
-        const uint32_t zb0 = (lds16(zp) | (lds16(zp + rb_1) << 16)) & zm;
-        const uint32_t zb1 = (lds16(zp + rb_8) | (lds16(zp + rb_8 + rb_1) << 16)) & zm;
-        const uint32_t A[4] = {pt[mt][0][0], NT > 1 ? pt[mt][NT - 1][0] : 0u, pt[mt][0][1],
-                               NT > 1 ? pt[mt][NT - 1][1] : 0u};
-        Y::mma(zacc, A, zb0, zb1);
-      }
-      uint32_t s01 = 0, z01 = 0, s89 = 0, z89 = 0;
-      uint32_t ph[NT][2], pl[NT][2];  // kVFold: Pᵀ times the group's scales, hi and lo
-      const uint32_t prow = mt * rb_mt + rb_c2;  // tokens 2c (+1, +8, +9)
-      const uint32_t pstep = rb_1, p8 = rb_8;
+      for (int mt = 0; mt < kMT; ++mt) {
+        if constexpr (kFold != 0) {  // Σ_t p_t z_t += P · Z: P as the A operand (Pᵀ's fragments are P's),
+          // Z [16 tokens][8 groups] as B: column g = group g of the warp's dims (0 past ng)
+          const uint32_t zp = svz + mt * rb_mt + rb_c2 + uint32_t(2 * g);
+          const uint32_t zm = g < ng ? 0xffffffffu : 0u;
+          const uint32_t zb0 = (lds16(zp) | (lds16(zp + rb_1) << 16)) & zm;
+          const uint32_t zb1 = (lds16(zp + rb_8) | (lds16(zp + rb_8 + rb_1) << 16)) & zm;
+          const uint32_t A[4] = {pt[mt][0][0], NT > 1 ? pt[mt][NT - 1][0] : 0u, pt[mt][0][1],
+                                 NT > 1 ? pt[mt][NT - 1][1] : 0u};
+          Y::mma(zacc, A, zb0, zb1);
+        }
+        uint32_t s01 = 0, z01 = 0, s89 = 0, z89 = 0;
+        uint32_t ph[NT][2], pl[NT][2];  // kVFold: Pᵀ times the group's scales, hi and lo (kVPack: ph, the lane's half)
+        const uint32_t prow = mt * rb_mt + rb_c2;  // tokens 2c (+1, +8, +9)
+        const uint32_t pstep = rb_1, p8 = rb_8;
 #pragma unroll
-      for (int u = 0; u < kCV / 2; ++u) {
-        uint32_t w[4];
-        ldsm_x4_t(sv + uint32_t(mt * 16 * kRBV) + ldov[u], w);
+        for (int u = 0; u < kCV / 2; ++u) {
+          uint32_t w[4];
+          ldsm_x4_t(sv + uint32_t(mt * 16 * kRBV) + ldov[u], w);
 #pragma unroll
-        for (int hc = 0; hc < 2; ++hc) {
-          const int ch = 2 * u + hc;
-          if (FV::block_start(ch)) {
-            const int blk = FV::block_first(ch);
-            if ((kVScaleEveryPiece && VBITS != 8) || blk == 0 || (blk & bpg_mask) == 0) {  // a new group's pairs
-              const uint32_t go = prow + uint32_t((blk >> lbpg) * 2);
-              if constexpr (kVF) {  // the weights times the group's scales (and 2^e), hi and lo
-                s01 = Y::mul2(lds16(svs + go) | (lds16(svs + go + pstep) << 16), vexp2);
-                s89 = Y::mul2(lds16(svs + go + p8) | (lds16(svs + go + p8 + pstep) << 16), vexp2);
+          for (int hc = 0; hc < 2; ++hc) {
+            const int ch = 2 * u + hc;
+            if (FV::block_start(ch)) {
+              const int blk = FV::block_first(ch);
+              // a new group's pairs (kVPack: its scales at group starts only, kept in ph)
+              const bool every = kFold != 2 && kVScaleEveryPiece && VBITS != 8;
+              if (every || blk == 0 || (blk & bpg_mask) == 0) {
+                const uint32_t go = prow + uint32_t((blk >> lbpg) * 2);
+                if constexpr (kFold != 0) {  // the weights times the group's scales (and 2^e), hi and lo
+                  s01 = YF::mul2(lds16(svs + go) | (lds16(svs + go + pstep) << 16), vexp2);
+                  s89 = YF::mul2(lds16(svs + go + p8) | (lds16(svs + go + p8 + pstep) << 16), vexp2);
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                  Y::mul2_split(pt[mt][nt][0], s01, ph[nt][0], pl[nt][0]);
-                  Y::mul2_split(pt[mt][nt][1], s89, ph[nt][1], pl[nt][1]);
+                  for (int nt = 0; nt < NT; ++nt) {
+                    if constexpr (kFold == 2) {
+                      ph[nt][0] = YF::mul2_part(pt[mt][nt][0], s01, lo_lane);
+                      ph[nt][1] = YF::mul2_part(pt[mt][nt][1], s89, lo_lane);
+                    } else {
+                      YF::mul2_split(pt[mt][nt][0], s01, ph[nt][0], pl[nt][0]);
+                      YF::mul2_split(pt[mt][nt][1], s89, ph[nt][1], pl[nt][1]);
+                    }
+                  }
+                } else {
+                  s01 = lds16(svs + go) | (lds16(svs + go + pstep) << 16);
+                  z01 = lds16(svz + go) | (lds16(svz + go + pstep) << 16);
+                  s89 = lds16(svs + go + p8) | (lds16(svs + go + p8 + pstep) << 16);
+                  z89 = lds16(svz + go + p8) | (lds16(svz + go + p8 + pstep) << 16);
                 }
-              } else {
-                s01 = lds16(svs + go) | (lds16(svs + go + pstep) << 16);
-                z01 = lds16(svz + go) | (lds16(svz + go + pstep) << 16);
-                s89 = lds16(svs + go + p8) | (lds16(svs + go + p8 + pstep) << 16);
-                z89 = lds16(svz + go + p8) | (lds16(svz + go + p8 + pstep) << 16);
               }
             }
-          }
-          uint32_t ul[FV::kVRegs], uh[FV::kVRegs];
-          if constexpr (kVF) {
-            FV::vcodes(w[2 * hc], ul);
-            FV::vcodes(w[2 * hc + 1], uh);
-          } else {
-            FV::vunpack(w[2 * hc], s01, z01, ul);
-            FV::vunpack(w[2 * hc + 1], s89, z89, uh);
-          }
+            uint32_t ul[FV::kVRegs], uh[FV::kVRegs];
+            if constexpr (kFold != 0) {
+              FV::vcodes(w[2 * hc], ul);
+              FV::vcodes(w[2 * hc + 1], uh);
+            } else {
+              FV::vunpack(w[2 * hc], s01, z01, ul);
+              FV::vunpack(w[2 * hc + 1], s89, z89, uh);
+            }
 #pragma unroll
-          for (int t = 0; t < FV::kVTiles; ++t) {
-            const uint32_t A[4] = {ul[2 * t], ul[2 * t + 1], uh[2 * t], uh[2 * t + 1]};
-            const int dt = ch * FV::kVTiles + t;
+            for (int t = 0; t < FV::kVTiles; ++t) {
+              const uint32_t A[4] = {ul[2 * t], ul[2 * t + 1], uh[2 * t], uh[2 * t + 1]};
+              const int dt = ch * FV::kVTiles + t;
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-              if constexpr (kVF) {
-                Y::mma(o[dt][nt], A, ph[nt][0], ph[nt][1]);
-                Y::mma(o[dt][nt], A, pl[nt][0], pl[nt][1]);
-              } else {
-                Y::mma(o[dt][nt], A, pt[mt][nt][0], pt[mt][nt][1]);
+              for (int nt = 0; nt < NT; ++nt) {
+                if constexpr (kFold == 1) {
+                  Y::mma(o[dt][nt], A, ph[nt][0], ph[nt][1]);
+                  Y::mma(o[dt][nt], A, pl[nt][0], pl[nt][1]);
+                } else if constexpr (kFold == 2) {
+                  Y::mma(o[dt][nt], A, ph[nt][0], ph[nt][1]);
+                } else {
+                  Y::mma(o[dt][nt], A, pt[mt][nt][0], pt[mt][nt][1]);
+                }
               }
             }
           }
         }
       }
+    };
+    if constexpr (kVF) {
+      values(std::integral_constant<int, 1>{});
+    } else if constexpr (kVP) {
+      if (vp) values(std::integral_constant<int, 2>{});
+      else values(std::integral_constant<int, 0>{});
+    } else {
+      values(std::integral_constant<int, 0>{});
     }
     if constexpr (kPl) cur = nxt, nxt = __shfl_sync(0xffffffffu, taken, 0);
   }
 
   // ---- kVFold: the accumulators back to Σ p v (codes were c 2^-24 with c = n vfactor, weights
   // p s 2^e), plus Σ p z of the element's group (lane (group, c) holds it)
-  if constexpr (kVF) {
-    const float unit = ldexpf(1.0f, 24 - f16_pow2_exp(vexp2));
-    // group gg of row 2c + e (n-tile nt) sits in lane (2c + e, gg / 2), element 2 nt + gg % 2
-    float zb[S::kNGW][NT][2];
+  // (kVPack: first the lo columns 4-7, lanes c + 2, added to the hi columns 0-3 of lanes c)
+  if constexpr (kVF || kVP) {
+    if (kVF || vp) {
+      if constexpr (kVP) {
 #pragma unroll
-    for (int gg = 0; gg < S::kNGW; ++gg)
+        for (int dt = 0; dt < kKS; ++dt)
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+          for (int e = 0; e < 4; ++e) o[dt][0][e] += __shfl_xor_sync(0xffffffffu, o[dt][0][e], 2);
+      }
+      const float unit = ldexpf(1.0f, 24 - f16_pow2_exp(vexp2));
+      // group gg of row 2c + e (n-tile nt) sits in lane (2c + e, gg / 2), element 2 nt + gg % 2
+      float zb[S::kNGW][NT][2];
 #pragma unroll
-        for (int e = 0; e < 2; ++e)
-          zb[gg][nt][e] = __shfl_sync(0xffffffffu, zacc[2 * nt + (gg & 1)], 4 * (2 * c + e) + (gg >> 1));
+      for (int gg = 0; gg < S::kNGW; ++gg)
 #pragma unroll
-    for (int dt = 0; dt < kKS; ++dt)
+        for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+          for (int e = 0; e < 2; ++e)
+            zb[gg][nt][e] = __shfl_sync(0xffffffffu, zacc[2 * nt + (gg & 1)], 4 * (2 * c + e) + (gg >> 1));
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int k = 2 * (dt % FV::kVTiles) + (e >> 1);
-          const int grp = FV::vdim(dt, g + 8 * (e >> 1)) >> (lbpg + 5);
-          float z = zb[0][nt][e & 1];
+      for (int dt = 0; dt < kKS; ++dt)
 #pragma unroll
-          for (int gg = 1; gg < S::kNGW; ++gg)
-            if (grp == gg) z = zb[gg][nt][e & 1];
-          o[dt][nt][e] = fmaf(o[dt][nt][e], unit * (1.0f / float(FV::vfactor(k))), z);
-        }
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int k = 2 * (dt % FV::kVTiles) + (e >> 1);
+            const int grp = FV::vdim(dt, g + 8 * (e >> 1)) >> (lbpg + 5);
+            float z = zb[0][nt][e & 1];
+#pragma unroll
+            for (int gg = 1; gg < S::kNGW; ++gg)
+              if (grp == gg) z = zb[gg][nt][e & 1];
+            o[dt][nt][e] = fmaf(o[dt][nt][e], unit * (1.0f / float(FV::vfactor(k))), z);
+          }
+    }
   }
 
   // ---- merge the warps into one partial per row ----------------------------------------------

@@ -207,6 +207,12 @@ struct Ty<__half> {
     hi = h2u(h);
     lo = h2u(l);
   }
+  // mul2_split's hi (lo = false) or lo (lo = true), a lane's choice (mma_kernel.cuh, kVPack)
+  __device__ static __forceinline__ uint32_t mul2_part(uint32_t a, uint32_t b, bool lo) {
+    uint32_t hi, rest;
+    mul2_split(a, b, hi, rest);
+    return lo ? rest : hi;
+  }
   __device__ static __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) { return h2u(__hmul2(u2h(a), u2h(b))); }
   __device__ static __forceinline__ __half2 u2h(uint32_t x) { return *reinterpret_cast<const __half2*>(&x); }
   __device__ static __forceinline__ uint32_t h2u(__half2 x) { return *reinterpret_cast<const uint32_t*>(&x); }

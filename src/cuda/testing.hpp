@@ -84,6 +84,10 @@ int tensor_core_layout(const AttentionParams& p);
 // (fixed_group_build() false: no sm_90a among the CUDA architectures).
 bool uses_fixed_group(const AttentionParams& p, bool sm90a);
 bool fixed_group_build();
+// Whether the build compiled the packed form of the folded values (mma_kernel.cuh, kVPack:
+// -DQSDPA_MMA_VPACK=1 among the CUDA flags; off by default), which the f16 D = 128 one-n-tile
+// kernels with 2- or 4-bit values then take for blocks of at most 4 query rows.
+bool packed_value_columns_built();
 // Whether the tensor-core kernel would run p on its D = 512 kernel with the query rows on the mma's
 // M dimension (mma_rowsm.cuh: f16, 4- or 8-bit keys and values of one width, groups of 64,
 // contiguous caches, 9 to 16 query rows per KV head), on a device that runs sm_90a code (sm90a) or

@@ -214,6 +214,46 @@ TEST(CudaAttention, TwoBitOnTensorCores) {
   EXPECT_EQ(n, 16);
 }
 
+// Blocks of at most 4 query rows in one n-tile, which a build with -DQSDPA_MMA_VPACK=1 runs with
+// the value scales folded into the weights and the weights' hi and lo halves in columns 0-3 and
+// 4-7 of one mma (mma_kernel.cuh, kVPack), next to blocks of 5 to 8 rows, which the same kernels
+// run on the dequantizing path: f16, D = 128, 2- and 4-bit values (and 8-bit keys with 4-bit
+// values), groups of 32, 64 and 128, one to 4 rows from GQA and Lq together (so also rows of one
+// head at several positions, with the causal rule), 6 and 8 rows, 12 and 20 (2-bit: row tiles of
+// 8 whose last has 4 rows), masks, windows, sinks, one partial tile to many splits. Each case is checked to reach the tensor-core kernel, then held to the reference;
+// in the default build the same cases hold the dequantizing path.
+TEST(CudaAttention, FewRowsPerKvHeadInOneNTile) {
+  QSDPA_REQUIRE_CUDA();
+  std::printf("packed value columns (kVPack) built: %s\n", cuda::packed_value_columns_built() ? "yes" : "no");
+  struct Rows {
+    int rep, Lq;
+  };
+  // (12 and 20 rows: with 2-bit keys, row tiles of 8 whose last has 4 rows, the two forms in one call)
+  const Rows rows[] = {{1, 1}, {2, 1}, {4, 1}, {3, 1}, {2, 2}, {1, 4}, {1, 3}, {4, 2}, {6, 1}, {8, 1}, {3, 4}, {5, 4}};
+  const QuantFormat formats[][2] = {{{2, 64}, {2, 64}}, {{4, 64}, {4, 64}}, {{4, 32}, {4, 32}},
+                                    {{4, 128}, {4, 128}}, {{2, 128}, {2, 128}}, {{8, 64}, {4, 64}}};
+  const int64_t lengths[] = {33, 1000, 20000};
+  uint64_t seed = 9700;
+  int n = 0;
+  for (const auto& f : formats)
+    for (const Rows& r : rows) {
+      Case c;
+      c.dtype = DType::f16;
+      c.kf = f[0], c.vf = f[1];
+      c.D = 128;
+      c.B = 2, c.Hkv = 2, c.Hq = r.rep * c.Hkv, c.Lq = r.Lq;
+      c.N = lengths[n % 3];
+      c.sinks = n % 4 == 1;
+      c.window = n % 5 == 2 ? 300 : 0;
+      if (n % 6 == 3) c.bool_mask = MaskKind::u8;
+      if (n % 7 == 4) c.float_mask = true;
+      c.seed = seed++;
+      ++n;
+      expect_tensor_cores_and_reference(c);
+    }
+  EXPECT_EQ(n, 72);
+}
+
 // f16 values whose scales span f16's range, for the kernel that folds the value scales into the
 // softmax weights (kVFold, mma_kernel.cuh: p s must stay inside f16, so each warp keeps an
 // exponent that moves with the scales it meets): the whole cache scaled by 2^12 (scales near
