@@ -1757,13 +1757,15 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
           }
         }
       if constexpr (kVF || kVP) {  // row g (n-tile nt) of zacc: row 2 (g/2) + g%2's factor, from lane g/2
+        if (kVF || vp) {  // (kVPack's blocks of 5-8 rows dequantize: no zacc)
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const float a0 = __shfl_sync(0xffffffffu, valpha[nt][0], g >> 1);
-          const float a1 = __shfl_sync(0xffffffffu, valpha[nt][1], g >> 1);
-          const float ag = (g & 1) ? a1 : a0;
-          zacc[2 * nt] *= ag;
-          zacc[2 * nt + 1] *= ag;
+          for (int nt = 0; nt < NT; ++nt) {
+            const float a0 = __shfl_sync(0xffffffffu, valpha[nt][0], g >> 1);
+            const float a1 = __shfl_sync(0xffffffffu, valpha[nt][1], g >> 1);
+            const float ag = (g & 1) ? a1 : a0;
+            zacc[2 * nt] *= ag;
+            zacc[2 * nt + 1] *= ag;
+          }
         }
       }
     }
