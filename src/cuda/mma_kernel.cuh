@@ -155,9 +155,9 @@ __host__ __device__ constexpr bool vfold_for(int D, int BITS, int VBITS, int NT)
 // dequantizing path reads scales and biases at every 32-dim block). Compiled into the f16
 // D = 128 one-n-tile instantiations with 2- or 4-bit values that do not fold already, next to
 // the dequantizing path, which blocks of 5-8 rows keep (the choice is per block, at run time).
-// Static count (sm_90a, the 2-bit pool kernel, a full 32-token tile): the values' ~312 warp
-// instructions -> ~186. Off by default until a GPU run holds it to the tests and times it
-// (-DQSDPA_MMA_VPACK=1).
+// Static count (sm_90a, scripts/sass_tile_path.py: the path a full 32-token tile takes, its copies
+// included): the f16 2-bit kContigPoolCluster kernel 598 -> 547 warp instructions, 4-bit 649 ->
+// 587. Off by default until a GPU run holds it to the tests and times it (-DQSDPA_MMA_VPACK=1).
 #ifndef QSDPA_MMA_VPACK
 #define QSDPA_MMA_VPACK 0
 #endif
