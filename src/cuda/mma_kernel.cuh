@@ -1031,6 +1031,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   const int64_t b = bh / a.Hkv, kvh = bh - b * a.Hkv;
   const int r0 = rtile * kRT, nrows = min(kRT, R - r0);
   const bool vp = kVP && nrows <= 4;  // kVPack: this block's rows fit columns 0-3 (uniform)
+  const bool folded = kVF || vp;  // this block's values go folded (kVFold or kVPack): exponent, zacc
   // This sequence's tokens and query rows (per-sequence lengths; N and Lq without them). Row i
   // sits at position n - lq + i; rows i >= lq are padding that sees no key.
   const int64_t n = detail::seq_kv_len(a.kv_lens, b, N);
@@ -1757,7 +1758,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
           }
         }
       if constexpr (kVF || kVP) {  // row g (n-tile nt) of zacc: row 2 (g/2) + g%2's factor, from lane g/2
-        if (kVF || vp) {  // (kVPack's blocks of 5-8 rows dequantize: no zacc)
+        if (folded) {  // (kVPack's blocks of 5-8 rows dequantize: no zacc)
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) {
             const float a0 = __shfl_sync(0xffffffffu, valpha[nt][0], g >> 1);
@@ -1788,7 +1789,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
 
     // ---- kVFold: the tile's value scales against the warp's exponent ---------------------------
     if constexpr (kVF || kVP) {
-      if (kVF || vp) {
+      if (folded) {
         // |s| of the tile's 32 ng value scales (this lane: lane + 32 j), as f16 bits (ordered as
         // the magnitudes; NaN and inf above every finite one)
         uint32_t amax = 0u;
@@ -1907,7 +1908,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   // p s 2^e), plus Σ p z of the element's group (lane (group, c) holds it)
   // (kVPack: first the lo columns 4-7, lanes c + 2, added to the hi columns 0-3 of lanes c)
   if constexpr (kVF || kVP) {
-    if (kVF || vp) {
+    if (folded) {
       if constexpr (kVP) {
 #pragma unroll
         for (int dt = 0; dt < kKS; ++dt)
