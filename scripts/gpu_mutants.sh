@@ -34,8 +34,8 @@ tests_at='CudaAttention.LongCacheManySplits:CudaSanitize.*'
 all_tests="test_cuda_runtime@$tests_rt test_cuda_serving@$tests_sv test_cuda_attention@$tests_at"
 tests_pool='test_cuda_attention@CudaAttention.TilePoolBlocks test_cuda_serving@CudaServingPool.*'
 tests_arr='test_cuda_serving@Cases/CudaServingMmaArrivals.* test_cuda_attention@CudaAttention.WideRowsManySplitsInKernelMerge test_cuda_runtime@CudaRuntime.ChainedCallsWaitForTheirInputs'
-tests_vf='test_cuda_attention@CudaAttention.ValueScalesOfEveryMagnitude:CudaAttention.HeadDim512OnTensorCores'
-tests_vp='test_cuda_attention@CudaAttention.FewRowsPerKvHeadInOneNTile:CudaAttention.ValueScalesOfEveryMagnitude:CudaAttention.TilePoolBlocks'
+tests_vf='test_cuda_attention@CudaAttention.ValueScalesOfEveryMagnitude:CudaAttention.HeadDim512OnTensorCores:CudaAttention.NearZeroValuesOfWideGroups'
+tests_vp='test_cuda_attention@CudaAttention.FewRowsPerKvHeadInOneNTile:CudaAttention.ValueScalesOfEveryMagnitude:CudaAttention.TilePoolBlocks:CudaAttention.NearZeroValuesOfWideGroups'
 
 # name|file|sed expression|what it breaks|tests (program@filter, space-separated)|scope
 # (no '|' inside a field: '..' stands for '||' in a pattern, and `or` in C++ replaces it)

@@ -93,12 +93,14 @@ class CpuKernel : public ::testing::TestWithParam<Kernel> {
     AttentionParams p = pr.params(Backend::cpu);
     p.scale = scale;
     p.num_threads = threads;
+    const int64_t rechecks = detail::cpu::v_recheck_count().load();
     const Status s = attention(p);
     EXPECT_TRUE(s.ok()) << s.message;
     const double f = bound_fraction(p, pr.out.data());
     EXPECT_LE(f, 1.0) << c.str() << " scale=" << scale << " threads=" << threads;
     if (std::getenv("QSDPA_TEST_VERBOSE"))
-      std::printf("  %.3f  %s scale=%g threads=%d\n", f, c.str().c_str(), double(scale), threads);
+      std::printf("  %.3f  %s scale=%g threads=%d%s\n", f, c.str().c_str(), double(scale), threads,
+                  detail::cpu::v_recheck_count().load() > rechecks ? " (V weights in f32: rechecked)" : "");
     double& w = worst()[GetParam().name()];
     w = std::max(w, f);
     return f;
@@ -233,6 +235,58 @@ TEST_P(CpuKernel, OffsetKeys) {
     pr.k = test::quantize_host(t, c.kf, rows, c.D, std::move(raw));
     run(c, 0.0f, 0, &pr);
   }
+}
+
+// Values near zero whose codes sit at the bottom, the middle or the top of wide groups
+// (test::near_zero_values: s n and b each up to 2^bits - 1 times the value): a kernel that sums
+// the codes' and the biases' parts apart must not lose the result to their cancellation. A
+// sharp softmax on a short cache and a flat one (scale 1e-3) on a long cache, where the two sums
+// are longest; every format, f32, f16 and bf16.
+TEST_P(CpuKernel, NearZeroValuesOfWideGroups) {
+  uint64_t seed = 650;
+  int fired = 0;
+  for (DType t : {DType::f32, DType::f16, DType::bf16})
+    for (int bits : {2, 4, 8})
+      for (test::CodeSpot spot : {test::CodeSpot::bottom, test::CodeSpot::middle, test::CodeSpot::top})
+        for (bool flat : {false, true}) {
+          Case c = base(t, {4, 64}, {bits, bits == 8 ? 32 : 64});
+          c.Lq = 1;
+          c.N = flat ? 4000 : 300;
+          c.sinks = !flat;
+          c.seed = seed++;
+          test::Problem pr(c);
+          test::near_zero_values(pr.v, t, c.vf, c.B * c.Hkv * c.N, c.D, spot, 1.0f, c.seed);
+          const int64_t before = detail::cpu::v_recheck_count().load();
+          run(c, flat ? 1e-3f : 1.0f / std::sqrt(float(c.D)), 0, &pr);
+          const int64_t rechecked = detail::cpu::v_recheck_count().load() - before;
+          if (t == DType::f32) {
+            EXPECT_EQ(rechecked, 0) << "f32 weights need no second run: " << c.str();
+          }
+          fired += rechecked > 0;
+        }
+  // The SIMD kernels (f16 / bf16 on int16 weights) ran some of these cases again on f32 weights:
+  // the sharp softmax over codes at the ends of the range is past the bound on int16 weights.
+  if (GetParam().target != 0 && GetParam().target != HWY_SCALAR) {
+    EXPECT_GT(fired, 0);
+  }
+}
+
+// Caches quantized to their own range (the random problems of the other tests, short and long,
+// every format) keep the int16 weights: the check of NearZeroValuesOfWideGroups never sends them
+// to the f32 weights, which cost ~30 % more time per call.
+TEST_P(CpuKernel, OrdinaryCachesKeepIntegerWeights) {
+  uint64_t seed = 700;
+  const int64_t before = detail::cpu::v_recheck_count().load();
+  for (DType t : {DType::f16, DType::bf16})
+    for (int bits : {2, 4, 8})
+      for (int64_t N : {int64_t(300), int64_t(4096)}) {
+        Case c = base(t, {4, 64}, {bits, 64});
+        c.N = N;
+        c.seed = seed++;
+        run(c);
+        run(c, 1.0f);  // a sharp softmax
+      }
+  EXPECT_EQ(detail::cpu::v_recheck_count().load() - before, 0);
 }
 
 // A NaN or infinity in q gives NaN (or anything) in its own rows, never a crash, and leaves the

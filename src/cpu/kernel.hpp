@@ -7,6 +7,7 @@
 // over the task's keys (softmax_state.hpp), o in natural element order.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -95,5 +96,11 @@ std::string kernel_name();
 // subset that this machine can run (what a test iterates over).
 int64_t simd_compiled_targets();
 int64_t simd_runnable_targets();
+
+// Tasks the SIMD kernel ran twice, the second time with V on f32 weights, because a row's
+// estimated rounding error of the int16 weights (f16 / bf16) was not small against its result
+// (simd_kernel.cpp, AttendWith): a cache whose codes' and biases' parts cancel. Tests read it to
+// see that the check fires where it must and nowhere else.
+std::atomic<int64_t>& v_recheck_count();
 
 }  // namespace qsdpa::detail::cpu

@@ -2,6 +2,7 @@
 // accuracy check of SPEC section 4 against the double-precision reference.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -154,6 +155,41 @@ struct Problem {
     return p;
   }
 };
+
+// Where the codes of near_zero_values() sit in each group's range of L + 1 = 2^bits levels.
+enum class CodeSpot { bottom, middle, top };
+
+// Replaces a cache's codes, scales and biases (a valid quantized cache, though not one the
+// quantizer would make) with values of +-s/2 whose codes sit at one spot of the range: codes c0 or
+// c0 + 1 (at random) with c0 = 0, (L - 1) / 2 or L - 1 and the bias -(c0 + 1/2) s, so that a value
+// is b + s n with s n and b each up to L times the value. A kernel that sums s n and b apart (the
+// values' scale folded into the weights, sum p s n + sum p b) turns any rounding of those two
+// sums, or of p s, into an error that large against the result; one that sums them against a
+// centre code h (sum p s (n - h) + sum p (b + h s)) meets the same at the ends of the range. The
+// scale is M s' per row with s' in [1, 2); raw holds the values the codes stand for.
+inline void near_zero_values(HostCache& v, DType t, QuantFormat f, int64_t rows, int64_t D, CodeSpot spot, float M,
+                             uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> ud(1.0f, 2.0f);
+  const int L = (1 << f.bits) - 1, per = 32 / f.bits;
+  const int c0 = spot == CodeSpot::bottom ? 0 : spot == CodeSpot::middle ? (L - 1) / 2 : L - 1;
+  const int64_t groups = D / f.group;
+  std::fill(v.packed.begin(), v.packed.end(), 0u);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t i = r * groups + g;
+      detail::store_f32(v.scales.data(), t, i, M * ud(rng) * 2.0f / float(L));
+      const float s = detail::load_f32(v.scales.data(), t, i);
+      detail::store_f32(v.biases.data(), t, i, -(float(c0) + 0.5f) * s);
+      const float b = detail::load_f32(v.biases.data(), t, i);
+      for (int64_t d = g * f.group; d < (g + 1) * f.group; ++d) {
+        const uint32_t n = uint32_t(c0) + uint32_t(rng() & 1u);
+        const int64_t e = r * D + d;
+        v.packed[size_t(e / per)] |= n << ((e % per) * f.bits);
+        detail::store_f32(v.raw.data(), t, e, b + s * float(n));
+      }
+    }
+}
 
 // SPEC section 4 tolerances.
 inline double rel_tol(DType t) {

@@ -304,6 +304,55 @@ TEST(CudaAttention, ValueScalesOfEveryMagnitude) {
   EXPECT_EQ(n, 36);
 }
 
+// Values near zero whose codes sit at the bottom, the middle or the top of wide groups
+// (test::near_zero_values: s n and b each up to 2^bits - 1 times the value). The kernels that
+// fold the value scales into the weights (kVFold: 4-bit values at D = 256 and D = 512; kVPack:
+// blocks of <= 4 rows at D = 128 in a build with it) sum p s n and p b apart, so
+// the rounding of p s comes back up to 15 times larger against the result: with p s at f16
+// precision alone (no lo half) the middle and the top of a 4-bit range are past the bound, which
+// the hi + lo form keeps well inside. The dequantizing kernels and the generic kernel are held to
+// the same cases. f16 and bf16, 2-, 4- and 8-bit values, D = 128, 256 and 512, 4 and 8 rows per KV
+// head, a sharp softmax on a short cache and a flat one (scale 1e-3) on a long one.
+TEST(CudaAttention, NearZeroValuesOfWideGroups) {
+  QSDPA_REQUIRE_CUDA();
+  const bool d512 = device_takes_sm90a_kernels();
+  uint64_t seed = 9950;
+  int n = 0;
+  for (int64_t D : {int64_t(128), int64_t(256), int64_t(512)})
+    for (int vbits : {4, 2, 8})
+      for (test::CodeSpot spot : {test::CodeSpot::bottom, test::CodeSpot::middle, test::CodeSpot::top}) {
+        Case c;
+        c.dtype = (n % 5 == 4) ? DType::bf16 : DType::f16;
+        c.kf = c.vf = {vbits, 64};
+        c.B = 2, c.Hkv = 2, c.Hq = (n % 3 == 1 ? 8 : 4) * c.Hkv, c.D = D;
+        const bool flat = n % 2 == 1;
+        c.N = flat ? 3000 : 300;
+        c.sinks = !flat;
+        c.seed = seed++;
+        ++n;
+        test::Problem h(c);
+        test::near_zero_values(h.v, c.dtype, c.vf, c.B * c.Hkv * c.N, c.D, spot, 1.0f, c.seed);
+        test::DeviceProblem d(h);
+        AttentionParams hp = h.params(Backend::reference);
+        if (flat) hp.scale = 1e-3f;
+        const test::ReferenceCheck check(hp);
+        AttentionParams p = d.params();
+        p.scale = hp.scale;
+        EXPECT_EQ(cuda::uses_tensor_cores(p), D != 512 || d512) << c.str();
+        const Status s = attention(p);
+        ASSERT_TRUE(s) << s.message << " " << c.str();
+        ASSERT_EQ(d.fetch(), "") << c.str();
+        EXPECT_EQ(check(h.out.data()), "") << "spot " << int(spot) << " flat " << flat << " " << c.str();
+        d.poison();
+        p.workspace = nullptr, p.workspace_bytes = 0;
+        const Status g = cuda::attention_generic_kernel(p);
+        ASSERT_TRUE(g) << g.message << " " << c.str();
+        ASSERT_EQ(d.fetch(), "") << c.str();
+        EXPECT_EQ(check(h.out.data()), "") << "generic kernel, spot " << int(spot) << " flat " << flat << " " << c.str();
+      }
+  EXPECT_EQ(n, 27);
+}
+
 // D = 512 runs on the tensor-core kernel (its d-split instantiations: groups of 64, devices of
 // compute capability 9.0 with a build for sm_90a) in every format: one to 24 query rows per KV
 // head (one to three row tiles), masks, windows, sinks, short and long caches (many
