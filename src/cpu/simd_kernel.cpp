@@ -27,7 +27,12 @@
 // f16 / bf16: p is rounded to int16 against the tile's largest |p| per (row, group) and pairs of
 // tokens are multiplied and added exactly in int32, scaled once per tile into f32. f32: p times
 // the codes in f32 multiply-adds. Centring keeps the f32 sums the size of the output, not of the
-// cache's offset.
+// cache's offset, for a cache quantized to its own range. Where the two sums cancel instead
+// (values near zero whose codes sit far from h in a wide group, with a sharp softmax) the int16
+// rounding comes back up to 2^bits times larger against the result: each row keeps an estimate
+// of that error, and a task whose estimate passes half the SPEC's bound in some row runs
+// again on f32 weights (Attend; measured on the development machine: the default decode shape
+// never does, and those caches were up to 16x past the bound without it).
 //
 // The next tile's rows are prefetched a few lines at a time while this one is computed.
 #include <algorithm>
@@ -561,11 +566,11 @@ bool AttendWith(const Plan& pl, const Task& task, bool vint, bool* recheck) {
     if (vint && !*recheck) {
       // The int16 weights' rounding (at most sigma / 2 per weight, independent) puts an error of
       // variance <= tn sigma^2 / 12 h^2 on each element per tile and group (|c - h| <= h): over
-      // the row, noise G h^2 / 12. Against the result it is ~1e-5 when the codes' part and the
-      // biases' part do not cancel (a cache quantized to its own range), but it grows with their
-      // cancellation: values near zero whose codes sit far from h in a wide group
-      // (tests/common/testutil.hpp, near_zero_values) put it past the SPEC's bound. A row whose
-      // estimate exceeds a quarter of the bound sends the task to the f32 weights.
+      // the row, noise G h^2 / 12. For a cache quantized to its own range this estimate stays at
+      // 0.1-0.2 of the SPEC's bound against the result (tests/test_cpu_simd.cpp), but it grows as
+      // the codes' part and the biases' part cancel: values near zero whose codes sit far from h
+      // in a wide group (tests/common/testutil.hpp, near_zero_values) went past the bound. A row
+      // whose estimate exceeds half the bound sends the task to the f32 weights.
       const double h = double(1 << (vb - 1)), tol = T == DType::bf16 ? 1.6e-2 : 2e-3;
       const double est2 = double(bf.noise[r]) * double(G) * h * h / 12.0;
       double o2 = 0.0;
