@@ -271,6 +271,27 @@ TEST_P(CpuKernel, NearZeroValuesOfWideGroups) {
   }
 }
 
+// One key that takes nearly all the weight and whose values are exactly zero (an attention-sink
+// token with small values: test::dominant_key_with_zero_values): the result is then the
+// few-percent share of the other tokens, and the tokens of the sink's tile, rounded to int16
+// against its weight, lose their digits (25-39x the f16 bound without the recheck). Every format,
+// f16 and bf16 (f32 for comparison), short and long caches.
+TEST_P(CpuKernel, DominantKeyWithZeroValues) {
+  uint64_t seed = 720;
+  for (DType t : {DType::f16, DType::bf16, DType::f32})
+    for (int bits : {2, 4, 8})
+      for (int64_t N : {int64_t(300), int64_t(4000)}) {
+        Case c = base(t, {4, 64}, {bits, 64});
+        c.Lq = 1;
+        c.N = N;
+        c.float_mask = true;
+        c.seed = seed++;
+        test::Problem pr(c);
+        test::dominant_key_with_zero_values(pr, 5);
+        run(c, 0.0f, 0, &pr);
+      }
+}
+
 // Caches quantized to their own range (the random problems of the other tests, short and long,
 // every format) keep the int16 weights: the check of NearZeroValuesOfWideGroups never sends them
 // to the f32 weights, which cost ~30 % more time per call.

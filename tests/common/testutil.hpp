@@ -191,6 +191,31 @@ inline void near_zero_values(HostCache& v, DType t, QuantFormat f, int64_t rows,
     }
 }
 
+// Makes token `dom` of every sequence take nearly all the weight (a float-mask entry of +14, e^14
+// ~ 1.2e6, where the others take -1 .. 1) and gives it values of exactly zero (bias -h s with
+// h = 2^(bits-1), every code h): an attention-sink token with small values, where the result is
+// the few-percent share of the other tokens. The problem must have a float mask.
+inline void dominant_key_with_zero_values(Problem& pr, int64_t dom) {
+  const Case& c = pr.c;
+  const DType t = c.dtype;
+  const int bits = c.vf.bits;
+  const int64_t per = 32 / bits, h = int64_t(1) << (bits - 1), ng = c.D / c.vf.group;
+  for (int64_t i = 0; i < c.B * c.Hq * c.Lq * c.N; ++i)
+    detail::store_f32(pr.float_mask.data(), t, i, i % c.N == dom ? 14.0f : 0.5f * float((i * 7919) % 5) - 1.0f);
+  for (int64_t bh = 0; bh < c.B * c.Hkv; ++bh) {
+    const int64_t row = bh * c.N + dom;
+    for (int64_t g = 0; g < ng; ++g) {
+      const float s = detail::load_f32(pr.v.scales.data(), t, row * ng + g);
+      detail::store_f32(pr.v.biases.data(), t, row * ng + g, -float(h) * s);  // exact: h is a power of two
+    }
+    for (int64_t d = 0; d < c.D; ++d) {
+      uint32_t& w = pr.v.packed[size_t((row * c.D + d) / per)];
+      const int sh = int(((row * c.D + d) % per) * bits);
+      w = (w & ~(((1u << bits) - 1u) << sh)) | (uint32_t(h) << sh);
+    }
+  }
+}
+
 // SPEC section 4 tolerances.
 inline double rel_tol(DType t) {
   switch (t) {

@@ -353,6 +353,44 @@ TEST(CudaAttention, NearZeroValuesOfWideGroups) {
   EXPECT_EQ(n, 27);
 }
 
+// One key that takes nearly all the weight and whose values are exactly zero (an attention-sink
+// token with small values: test::dominant_key_with_zero_values): the result is the few-percent
+// share of the other tokens, so the weights of those must keep their own precision, not one
+// relative to the sink's weight. f16 and bf16, 2-, 4- and 8-bit, D = 128, 256 and 512, 4 and 8
+// rows per KV head, short and long caches; attention() and the generic kernel.
+TEST(CudaAttention, DominantKeyWithZeroValues) {
+  QSDPA_REQUIRE_CUDA();
+  uint64_t seed = 9990;
+  int n = 0;
+  for (int64_t D : {int64_t(128), int64_t(256), int64_t(512)})
+    for (int bits : {4, 2, 8})
+      for (int64_t N : {int64_t(300), int64_t(3000)}) {
+        Case c;
+        c.dtype = n % 4 == 3 ? DType::bf16 : DType::f16;
+        c.kf = c.vf = {bits, 64};
+        c.B = 2, c.Hkv = 2, c.Hq = (n % 3 == 1 ? 8 : 4) * c.Hkv, c.D = D, c.N = N;
+        c.float_mask = true;
+        c.seed = seed++;
+        ++n;
+        test::Problem h(c);
+        test::dominant_key_with_zero_values(h, 5 + n);
+        test::DeviceProblem d(h);
+        const test::ReferenceCheck check(h.params(Backend::reference));
+        AttentionParams p = d.params();
+        const Status s = attention(p);
+        ASSERT_TRUE(s) << s.message << " " << c.str();
+        ASSERT_EQ(d.fetch(), "") << c.str();
+        EXPECT_EQ(check(h.out.data()), "") << c.str();
+        d.poison();
+        p.workspace = nullptr, p.workspace_bytes = 0;
+        const Status g = cuda::attention_generic_kernel(p);
+        ASSERT_TRUE(g) << g.message << " " << c.str();
+        ASSERT_EQ(d.fetch(), "") << c.str();
+        EXPECT_EQ(check(h.out.data()), "") << "generic kernel: " << c.str();
+      }
+  EXPECT_EQ(n, 18);
+}
+
 // D = 512 runs on the tensor-core kernel (its d-split instantiations: groups of 64, devices of
 // compute capability 9.0 with a build for sm_90a) in every format: one to 24 query rows per KV
 // head (one to three row tiles), masks, windows, sinks, short and long caches (many
