@@ -188,13 +188,16 @@ class ReferenceCheck {
   std::vector<double> ref_;
 };
 
-// Runs one case on the GPU through attention() (whichever kernel the dispatch picks) and through
-// the generic kernel alone, and checks both; returns "" or what went wrong.
-inline std::string run_cuda_case(const Case& c, const AttentionParams* overrides = nullptr) {
-  Problem h(c);
+// Runs a problem on the GPU through attention() (whichever kernel the dispatch picks) and through
+// the generic kernel alone, and checks both; returns "" or what went wrong. scale: the softmax
+// scale of both and of the reference (0: 1 / sqrt(D)).
+inline std::string run_cuda_problem(Problem& h, float scale = 0.0f, const AttentionParams* overrides = nullptr) {
   DeviceProblem d(h);
-  const ReferenceCheck check(h.params(Backend::reference));
+  AttentionParams hp = h.params(Backend::reference);
+  hp.scale = scale;
+  const ReferenceCheck check(hp);
   AttentionParams p = d.params();
+  p.scale = scale;
   if (overrides) {
     p.stream = overrides->stream;
     p.workspace = overrides->workspace;
@@ -214,6 +217,12 @@ inline std::string run_cuda_case(const Case& c, const AttentionParams* overrides
   if (std::string e = d.fetch(); !e.empty()) return e;
   if (std::string e = check(h.out.data()); !e.empty()) return "generic kernel: " + e;
   return "";
+}
+
+// run_cuda_problem() on the random problem of a case.
+inline std::string run_cuda_case(const Case& c, const AttentionParams* overrides = nullptr) {
+  Problem h(c);
+  return run_cuda_problem(h, 0.0f, overrides);
 }
 
 }  // namespace qsdpa::test

@@ -332,23 +332,11 @@ TEST(CudaAttention, NearZeroValuesOfWideGroups) {
         ++n;
         test::Problem h(c);
         test::near_zero_values(h.v, c.dtype, c.vf, c.B * c.Hkv * c.N, c.D, spot, 1.0f, c.seed);
-        test::DeviceProblem d(h);
-        AttentionParams hp = h.params(Backend::reference);
-        if (flat) hp.scale = 1e-3f;
-        const test::ReferenceCheck check(hp);
-        AttentionParams p = d.params();
-        p.scale = hp.scale;
-        EXPECT_EQ(cuda::uses_tensor_cores(p), D != 512 || d512) << c.str();
-        const Status s = attention(p);
-        ASSERT_TRUE(s) << s.message << " " << c.str();
-        ASSERT_EQ(d.fetch(), "") << c.str();
-        EXPECT_EQ(check(h.out.data()), "") << "spot " << int(spot) << " flat " << flat << " " << c.str();
-        d.poison();
-        p.workspace = nullptr, p.workspace_bytes = 0;
-        const Status g = cuda::attention_generic_kernel(p);
-        ASSERT_TRUE(g) << g.message << " " << c.str();
-        ASSERT_EQ(d.fetch(), "") << c.str();
-        EXPECT_EQ(check(h.out.data()), "") << "generic kernel, spot " << int(spot) << " flat " << flat << " " << c.str();
+        {
+          test::DeviceProblem d(h);
+          EXPECT_EQ(cuda::uses_tensor_cores(d.params()), D != 512 || d512) << c.str();
+        }
+        EXPECT_EQ(test::run_cuda_problem(h, flat ? 1e-3f : 0.0f), "") << "spot " << int(spot) << " flat " << flat << " " << c.str();
       }
   EXPECT_EQ(n, 27);
 }
@@ -374,19 +362,7 @@ TEST(CudaAttention, DominantKeyWithZeroValues) {
         ++n;
         test::Problem h(c);
         test::dominant_key_with_zero_values(h, 5 + n);
-        test::DeviceProblem d(h);
-        const test::ReferenceCheck check(h.params(Backend::reference));
-        AttentionParams p = d.params();
-        const Status s = attention(p);
-        ASSERT_TRUE(s) << s.message << " " << c.str();
-        ASSERT_EQ(d.fetch(), "") << c.str();
-        EXPECT_EQ(check(h.out.data()), "") << c.str();
-        d.poison();
-        p.workspace = nullptr, p.workspace_bytes = 0;
-        const Status g = cuda::attention_generic_kernel(p);
-        ASSERT_TRUE(g) << g.message << " " << c.str();
-        ASSERT_EQ(d.fetch(), "") << c.str();
-        EXPECT_EQ(check(h.out.data()), "") << "generic kernel: " << c.str();
+        EXPECT_EQ(test::run_cuda_problem(h), "") << c.str();
       }
   EXPECT_EQ(n, 18);
 }
