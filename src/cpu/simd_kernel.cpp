@@ -46,8 +46,6 @@
 #include "../core/format.hpp"
 #include "../core/half.hpp"
 #include "kernel.hpp"
-#include <cstdio>
-#include <cstdlib>
 
 // SSSE3 adds little over the portable kernel and would cost one more compilation of this file.
 // SVE's vectors are sizeless types, which the inner kernels' arrays of vectors cannot hold: Arm
@@ -576,7 +574,6 @@ bool AttendWith(const Plan& pl, const Task& task, bool vint, bool* recheck) {
       double o2 = 0.0;
       for (int64_t d = 0; d < D; ++d) o2 += double(o[d]) * double(o[d]);
       if (est2 > 0.25 * tol * tol * o2) *recheck = true;
-      if (std::getenv("QSDPA_TMP_RATIO") && o2 > 0) { static double mx = 0; double r = std::sqrt(est2 / o2) / tol; if (r > mx) { mx = r; std::fprintf(stderr, "ratio %g\n", r); } }
     }
   }
   return true;
