@@ -284,12 +284,17 @@ constexpr bool kDSplitCopy = QSDPA_MMA_DSPLIT_COPY != 0;
 // two H100s (runs 104-105, the default sweep) mode 2 was 0.5-1.6 us faster on those shapes, but
 // the 8-bit D = 128 shapes, the same code in both modes, were 1.5-4 us apart as well: what a
 // shape inherits from the sweep enters these comparisons (docs/PERF.md, runs 104-106), and the
-// choice waits for a run with `qsdpa bench --cold-l2`.
-__host__ __device__ constexpr bool evict_first_for(int D, int BITS, int VBITS) {
+// choice waits for a run with `qsdpa bench --cold-l2`. With it, on two H100s (runs 106 and 117,
+// 2026-12-07/08, 3 rounds), mode 2 against 3: B=8 N=32768 4-bit -1.3 / -1.2 us, B=1 N=131072
+// -0.7 / -0.8, B=32 N=4096 -0.7 / -0.6 (one n-tile), Lq=4 4-bit +0.5 / +1.2 (two n-tiles). Mode 4,
+// a tuning variant not yet timed, is 2 for kernels of one n-tile (NT, 8 query rows per block) and
+// 3 for the others: the side of each that the H100 favoured; the H200 decides the default.
+__host__ __device__ constexpr bool evict_first_for(int D, int BITS, int VBITS, int NT = 1) {
   const bool four = BITS == 4 && VBITS == 4;
   return QSDPA_MMA_EVICT_FIRST == 1 ||
          (QSDPA_MMA_EVICT_FIRST >= 2 && !(BITS == 2 && VBITS == 2) && !(D == 512 && four) &&
-          !(QSDPA_MMA_EVICT_FIRST == 3 && D == 128 && four));
+          !(QSDPA_MMA_EVICT_FIRST == 3 && D == 128 && four) &&
+          !(QSDPA_MMA_EVICT_FIRST == 4 && D == 128 && four && NT > 1));
 }
 
 // The block's first line of each of its six tensors prefetched into L2 before griddepcontrol.wait
@@ -994,7 +999,7 @@ __global__ void __launch_bounds__(warps_of(LAYOUT) * 32, is_pool(LAYOUT) ? kPool
   constexpr int kRBV = S::kRBV, kCV = S::kCV, kRBG = S::kRBG, kRBGV = S::kRBGV;
   constexpr int kTW = kTileTokens, kSCB = S::kSCB, kNZ = S::kNZ, kNGP = S::kNGP, kNGMax = S::kNGMax;
   constexpr int kDS = S::kDS, kTG = S::kTG, kDW = S::kDW;
-  constexpr bool kEF = evict_first_for(D, BITS, VBITS);  // the cache's copies evict-first in L2
+  constexpr bool kEF = evict_first_for(D, BITS, VBITS, NT);  // the cache's copies evict-first in L2
   static_assert(kDS == 1 || (GC != 0 && LAYOUT == kContigWide), "d-split: contiguous caches, a constant group");
   static_assert(16 + kRT * kInKernelMergeMaxSplits * 8 + kRT * 16 + kRT * 8 <= S::kMain, "the in-kernel merge's scratch fits");
   extern __shared__ __align__(16) uint8_t smem[];

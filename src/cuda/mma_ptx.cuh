@@ -21,7 +21,8 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 // kernels' code, the partials and the query rows; 2, the default of the twenty-eighth and
 // twenty-ninth sessions, all but the two kinds of tensor-core kernel it made slower,
 // mma_kernel.cuh's evict_first_for: each kernel compiles to the code run 96 timed, with or without
-// it; 3, the default since: 2 without D = 128 4-bit, after the H200's run 103, evict_first_for).
+// it; 3, the default since: 2 without D = 128 4-bit, after the H200's run 103, evict_first_for;
+// 4, a tuning variant: 2 for the kernels of one n-tile, 3 for the others, evict_first_for).
 // 1 measured on an H100 (run 96, the default sweep, 3 rounds against 0 in the same run): 9 of
 // its 15 shapes faster by 0.8-4.4 us (D=512 8-bit
 // -4.4, B=8 N=32768 4-bit -2.0, D=256 -1.0 / -1.8, B=1 N=131072 -0.8 / -1.4, B=32 N=4096
