@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../../src/core/backends.hpp"
+#include "../../src/core/format.hpp"
 #include "../../src/core/half.hpp"
 #include "qsdpa/qsdpa.hpp"
 
@@ -171,10 +172,9 @@ inline void near_zero_values(HostCache& v, DType t, QuantFormat f, int64_t rows,
                              uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> ud(1.0f, 2.0f);
-  const int L = (1 << f.bits) - 1, per = 32 / f.bits;
+  const int L = (1 << f.bits) - 1;
   const int c0 = spot == CodeSpot::bottom ? 0 : spot == CodeSpot::middle ? (L - 1) / 2 : L - 1;
   const int64_t groups = D / f.group;
-  std::fill(v.packed.begin(), v.packed.end(), 0u);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t i = r * groups + g;
@@ -184,9 +184,8 @@ inline void near_zero_values(HostCache& v, DType t, QuantFormat f, int64_t rows,
       const float b = detail::load_f32(v.biases.data(), t, i);
       for (int64_t d = g * f.group; d < (g + 1) * f.group; ++d) {
         const uint32_t n = uint32_t(c0) + uint32_t(rng() & 1u);
-        const int64_t e = r * D + d;
-        v.packed[size_t(e / per)] |= n << ((e % per) * f.bits);
-        detail::store_f32(v.raw.data(), t, e, b + s * float(n));
+        detail::pack_value(v.packed.data() + r * D * f.bits / 32, d, f.bits, n);
+        detail::store_f32(v.raw.data(), t, r * D + d, b + s * float(n));
       }
     }
 }
@@ -199,7 +198,7 @@ inline void dominant_key_with_zero_values(Problem& pr, int64_t dom) {
   const Case& c = pr.c;
   const DType t = c.dtype;
   const int bits = c.vf.bits;
-  const int64_t per = 32 / bits, h = int64_t(1) << (bits - 1), ng = c.D / c.vf.group;
+  const int64_t h = int64_t(1) << (bits - 1), ng = c.D / c.vf.group;
   for (int64_t i = 0; i < c.B * c.Hq * c.Lq * c.N; ++i)
     detail::store_f32(pr.float_mask.data(), t, i, i % c.N == dom ? 14.0f : 0.5f * float((i * 7919) % 5) - 1.0f);
   for (int64_t bh = 0; bh < c.B * c.Hkv; ++bh) {
@@ -208,11 +207,7 @@ inline void dominant_key_with_zero_values(Problem& pr, int64_t dom) {
       const float s = detail::load_f32(pr.v.scales.data(), t, row * ng + g);
       detail::store_f32(pr.v.biases.data(), t, row * ng + g, -float(h) * s);  // exact: h is a power of two
     }
-    for (int64_t d = 0; d < c.D; ++d) {
-      uint32_t& w = pr.v.packed[size_t((row * c.D + d) / per)];
-      const int sh = int(((row * c.D + d) % per) * bits);
-      w = (w & ~(((1u << bits) - 1u) << sh)) | (uint32_t(h) << sh);
-    }
+    for (int64_t d = 0; d < c.D; ++d) detail::pack_value(pr.v.packed.data() + row * c.D * bits / 32, d, bits, uint32_t(h));
   }
 }
 
